@@ -1,0 +1,98 @@
+//! Schedule settings and the pure arithmetic that picks the next start.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+/// When the first run happens.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum FirstRun {
+    /// One period after `run` starts, like Go's `time.Ticker` (the default).
+    #[default]
+    AfterPeriod,
+    /// As soon as `run` starts, like tokio's `interval`; the usual choice for a cache warmer
+    /// or a cleaner that should not wait a whole period after a deploy.
+    Immediately,
+}
+
+/// What happens to ticks that passed while a run was still going (fixed-rate schedules).
+///
+/// Neither policy replays missed ticks in a burst, which is what tokio's `interval` does by
+/// default (`MissedTickBehavior::Burst`) and what turns one slow run into a stampede.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum MissedTicks {
+    /// Drop the missed ticks and run at the next tick of the original grid, keeping the phase
+    /// (the default; Go's ticker also drops them).
+    #[default]
+    Skip,
+    /// Run once at once when late, then continue one period after that late start (the grid
+    /// shifts; at most one late run, never a burst).
+    Delay,
+}
+
+/// How the gap between runs is measured.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Schedule {
+    /// Runs start on a fixed grid `origin + k * period` (the default).
+    #[default]
+    FixedRate,
+    /// The next run starts one period after the previous run ended, however long it took.
+    FixedGap,
+}
+
+/// The next scheduled start, and how many ticks were skipped to get there.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Next {
+    pub(crate) at: Instant,
+    pub(crate) skipped: u64,
+}
+
+/// Picks the next start after a run that was scheduled at `scheduled` and ended at `ended`.
+pub(crate) fn next_start(
+    schedule: Schedule,
+    missed: MissedTicks,
+    period: Duration,
+    scheduled: Instant,
+    ended: Instant,
+) -> Next {
+    if schedule == Schedule::FixedGap {
+        return Next {
+            at: ended + period,
+            skipped: 0,
+        };
+    }
+    let due = scheduled + period;
+    if ended <= due {
+        return Next {
+            at: due,
+            skipped: 0,
+        };
+    }
+    // Late: the run overran `ticks` grid points (the due one included), `ticks >= 1`.
+    let late_by = ended.duration_since(scheduled).as_nanos();
+    let period_nanos = period.as_nanos();
+    let ticks = late_by.div_ceil(period_nanos);
+    match missed {
+        MissedTicks::Skip => {
+            let ticks_u32 = u32::try_from(ticks).unwrap_or(u32::MAX);
+            Next {
+                at: scheduled + period.saturating_mul(ticks_u32),
+                skipped: u64::try_from(ticks - 1).unwrap_or(u64::MAX),
+            }
+        }
+        // One of the grid points that passed runs late, at `ended`; the others are dropped.
+        MissedTicks::Delay => {
+            let passed = late_by / period_nanos;
+            Next {
+                at: ended,
+                skipped: u64::try_from(passed.saturating_sub(1)).unwrap_or(u64::MAX),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

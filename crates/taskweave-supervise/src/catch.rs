@@ -1,0 +1,196 @@
+//! `catch_panic`: a future adapter that turns a panic into a `PanicError` with a backtrace.
+
+use std::backtrace::Backtrace;
+use std::cell::{Cell, RefCell};
+use std::fmt;
+use std::future::Future;
+use std::panic::{AssertUnwindSafe, PanicHookInfo};
+use std::pin::Pin;
+use std::sync::{Arc, Once};
+use std::task::{Context, Poll};
+
+use pin_project_lite::pin_project;
+
+use crate::{PanicError, TaskName};
+
+/// Wraps `future` so that a panic while polling it resolves to `Err(PanicError)` instead of
+/// unwinding into the caller.
+///
+/// The panic is logged through `tracing` at error level with the name, message, location and
+/// backtrace, so it is never silent even if the error is ignored. This runs the future inline
+/// in the caller's task; [`spawn`](crate::spawn) uses it to run the future on its own task.
+///
+/// # How the backtrace is captured
+///
+/// `catch_unwind` only sees the payload, after the stack has unwound. On first use this crate
+/// installs a process-wide panic hook that, for panics raised while a `CatchPanic` is being
+/// polled on the current thread, records the location and a backtrace for the catching future
+/// and stays quiet (the `tracing` event replaces the default "thread panicked" message). Panics
+/// anywhere else are passed to the hook that was installed before. A hook installed later by
+/// the application replaces ours; panics are still caught, but without backtrace or location.
+///
+/// # Examples
+///
+/// ```
+/// use taskweave_supervise::catch_panic;
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// let ok = catch_panic("adder", async { 2 + 2 }).await;
+/// assert_eq!(ok.unwrap(), 4);
+///
+/// let caught = catch_panic("exploder", async { panic!("worker exploded") }).await;
+/// let panic = caught.unwrap_err();
+/// assert_eq!(panic.name(), "exploder");
+/// assert_eq!(panic.message(), "worker exploded");
+/// # }
+/// ```
+///
+/// # Cancel safety
+///
+/// Dropping the returned future drops `future`; it is exactly as cancel safe as `future`.
+pub fn catch_panic<F>(name: impl Into<TaskName>, future: F) -> CatchPanic<F>
+where
+    F: Future,
+{
+    install_hook();
+    CatchPanic {
+        name: name.into(),
+        done: false,
+        future,
+    }
+}
+
+pin_project! {
+    /// Future returned by [`catch_panic`].
+    #[must_use = "futures do nothing unless polled"]
+    pub struct CatchPanic<F> {
+        name: TaskName,
+        done: bool,
+        #[pin]
+        future: F,
+    }
+}
+
+impl<F> CatchPanic<F> {
+    /// The name used when a panic is reported.
+    #[must_use]
+    pub fn name(&self) -> &TaskName {
+        &self.name
+    }
+}
+
+impl<F: Future> Future for CatchPanic<F> {
+    type Output = Result<F::Output, PanicError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        assert!(!*this.done, "`CatchPanic` polled after completion");
+        let future = this.future;
+        // Restoring the previous flag (rather than clearing it) keeps nested adapters right:
+        // a `CatchPanic` polled inside another one's poll hands the flag back on return.
+        let previous = CAPTURING.with(|flag| flag.replace(true));
+        let result = std::panic::catch_unwind(AssertUnwindSafe(|| future.poll(cx)));
+        CAPTURING.with(|flag| flag.set(previous));
+        match result {
+            Ok(Poll::Pending) => Poll::Pending,
+            Ok(Poll::Ready(output)) => {
+                *this.done = true;
+                Poll::Ready(Ok(output))
+            }
+            Err(payload) => {
+                *this.done = true;
+                let error = panic_error(this.name.clone(), payload.as_ref());
+                tracing::error!(
+                    task = %error.name,
+                    panic = %error.message,
+                    location = error.location.as_deref().unwrap_or("unknown"),
+                    backtrace = %error.backtrace,
+                    "task panicked"
+                );
+                Poll::Ready(Err(error))
+            }
+        }
+    }
+}
+
+impl<F> fmt::Debug for CatchPanic<F> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CatchPanic")
+            .field("name", &self.name)
+            .field("done", &self.done)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What the hook saw of the latest panic on this thread while a `CatchPanic` was polling.
+struct PanicSite {
+    location: Option<String>,
+    backtrace: Backtrace,
+}
+
+thread_local! {
+    static CAPTURING: Cell<bool> = const { Cell::new(false) };
+    static LAST_PANIC: RefCell<Option<PanicSite>> = const { RefCell::new(None) };
+}
+
+static HOOK: Once = Once::new();
+
+fn install_hook() {
+    HOOK.call_once(|| {
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info: &PanicHookInfo<'_>| {
+            // `try_with`: a panic during thread-local destruction must still reach a hook.
+            let capturing = CAPTURING.try_with(Cell::get).unwrap_or(false);
+            if !capturing {
+                previous(info);
+                return;
+            }
+            let site = PanicSite {
+                location: info.location().map(ToString::to_string),
+                backtrace: Backtrace::force_capture(),
+            };
+            if LAST_PANIC
+                .try_with(|slot| *slot.borrow_mut() = Some(site))
+                .is_err()
+            {
+                previous(info);
+            }
+        }));
+    });
+}
+
+fn panic_error(name: TaskName, payload: &(dyn std::any::Any + Send)) -> PanicError {
+    let message = if let Some(text) = payload.downcast_ref::<&'static str>() {
+        (*text).to_owned()
+    } else if let Some(text) = payload.downcast_ref::<String>() {
+        text.clone()
+    } else {
+        "Box<dyn Any>".to_owned()
+    };
+    // The unwind that just ended is the latest panic on this thread, so the recorded site, if
+    // any, is this panic's.
+    let site = LAST_PANIC.with(|slot| slot.borrow_mut().take());
+    let (location, backtrace) = match site {
+        Some(site) => (site.location, site.backtrace),
+        None => (None, Backtrace::disabled()),
+    };
+    PanicError {
+        name,
+        message,
+        location,
+        backtrace: Arc::new(backtrace),
+    }
+}
+
+/// Builds a `PanicError` for a panic that tokio caught instead of us (a panicking `Drop` of
+/// the task's future, for example), where neither location nor backtrace is known.
+pub(crate) fn panic_error_from_payload(
+    name: TaskName,
+    payload: &(dyn std::any::Any + Send),
+) -> PanicError {
+    let mut error = panic_error(name, payload);
+    error.location = None;
+    error.backtrace = Arc::new(Backtrace::disabled());
+    error
+}

@@ -1,0 +1,175 @@
+//! Errors: a captured panic, a task that did not finish, and a refused spawn.
+
+use std::backtrace::{Backtrace, BacktraceStatus};
+use std::error::Error;
+use std::fmt;
+use std::sync::Arc;
+
+use crate::TaskName;
+
+/// A panic caught inside a supervised task or future.
+///
+/// Carries the task's name, the panic message, where it panicked and a backtrace captured at
+/// the panic site (see [`catch_panic`](crate::catch_panic) for how the backtrace is taken).
+/// Cheap to clone: the backtrace is shared.
+#[derive(Clone)]
+pub struct PanicError {
+    pub(crate) name: TaskName,
+    pub(crate) message: String,
+    pub(crate) location: Option<String>,
+    pub(crate) backtrace: Arc<Backtrace>,
+}
+
+impl PanicError {
+    /// The name of the task that panicked.
+    #[must_use]
+    pub fn name(&self) -> &TaskName {
+        &self.name
+    }
+
+    /// The panic message: the `&str` or `String` payload, or a placeholder for any other type.
+    #[must_use]
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+
+    /// Where the panic happened (`file:line:column`), when the panic hook saw it.
+    #[must_use]
+    pub fn location(&self) -> Option<&str> {
+        self.location.as_deref()
+    }
+
+    /// The backtrace captured at the panic site.
+    ///
+    /// Its [`status`](Backtrace::status) is `Disabled` only when another panic hook replaced
+    /// ours after the first supervised spawn, so that the panic site could not be observed.
+    pub fn backtrace(&self) -> &Backtrace {
+        &self.backtrace
+    }
+}
+
+impl fmt::Display for PanicError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "task `{}` panicked", self.name)?;
+        if let Some(location) = &self.location {
+            write!(f, " at {location}")?;
+        }
+        write!(f, ": {}", self.message)
+    }
+}
+
+impl fmt::Debug for PanicError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut debug = f.debug_struct("PanicError");
+        debug
+            .field("name", &self.name)
+            .field("message", &self.message)
+            .field("location", &self.location);
+        if self.backtrace.status() == BacktraceStatus::Captured {
+            debug.field("backtrace", &format_args!("\n{}", self.backtrace));
+        }
+        debug.finish()
+    }
+}
+
+impl Error for PanicError {}
+
+/// Why awaiting a [`TaskHandle`](crate::TaskHandle) produced no value.
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub enum TaskError {
+    /// The task panicked; the panic was logged and is handed back here.
+    Panicked(PanicError),
+    /// The task was aborted (by its handle, by a supervisor's drain deadline, or because the
+    /// runtime shut down) before it finished.
+    Aborted {
+        /// The aborted task's name.
+        name: TaskName,
+    },
+}
+
+impl TaskError {
+    /// The name of the task this error is about.
+    #[must_use]
+    pub fn name(&self) -> &TaskName {
+        match self {
+            TaskError::Panicked(panic) => &panic.name,
+            TaskError::Aborted { name } => name,
+        }
+    }
+
+    /// `true` when the task panicked.
+    #[must_use]
+    pub fn is_panic(&self) -> bool {
+        matches!(self, TaskError::Panicked(_))
+    }
+
+    /// `true` when the task was aborted.
+    #[must_use]
+    pub fn is_aborted(&self) -> bool {
+        matches!(self, TaskError::Aborted { .. })
+    }
+
+    /// The captured panic, if the task panicked.
+    #[must_use]
+    pub fn into_panic(self) -> Option<PanicError> {
+        match self {
+            TaskError::Panicked(panic) => Some(panic),
+            TaskError::Aborted { .. } => None,
+        }
+    }
+}
+
+impl fmt::Display for TaskError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            TaskError::Panicked(panic) => fmt::Display::fmt(panic, f),
+            TaskError::Aborted { name } => write!(f, "task `{name}` was aborted"),
+        }
+    }
+}
+
+// Display already shows the panic, so it is not repeated as a `source()`.
+impl Error for TaskError {}
+
+impl From<PanicError> for TaskError {
+    fn from(panic: PanicError) -> Self {
+        TaskError::Panicked(panic)
+    }
+}
+
+/// [`Supervisor::spawn`](crate::Supervisor::spawn) refused the future; it is handed back.
+pub struct SpawnError<F> {
+    pub(crate) name: TaskName,
+    pub(crate) future: F,
+}
+
+impl<F> SpawnError<F> {
+    /// The name the refused task would have had.
+    #[must_use]
+    pub fn name(&self) -> &TaskName {
+        &self.name
+    }
+
+    /// Takes back the refused future, to run it elsewhere or drop it knowingly.
+    #[must_use]
+    pub fn into_inner(self) -> F {
+        self.future
+    }
+}
+
+impl<F> fmt::Debug for SpawnError<F> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SpawnError")
+            .field("name", &self.name)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<F> fmt::Display for SpawnError<F> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "supervisor closed, task `{}` refused", self.name)
+    }
+}
+
+impl<F> Error for SpawnError<F> {}

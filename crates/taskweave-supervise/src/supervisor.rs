@@ -1,0 +1,518 @@
+//! `Supervisor`: named tasks that share a token, refuse work after close and drain by deadline.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
+use std::task::{Context, Poll, ready};
+use std::time::Duration;
+
+use pin_project_lite::pin_project;
+use slab::Slab;
+use tokio::runtime::Handle;
+use tokio::task::AbortHandle;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tokio_util::task::task_tracker::TaskTrackerToken;
+
+use crate::{CatchPanic, DrainReport, Escalation, PanicError, SpawnError, TaskHandle, TaskName};
+use crate::{SupervisorMetrics, catch_panic};
+
+/// Owns a set of named, panic-capturing tasks and stops them together.
+///
+/// - [`spawn`](Self::spawn) starts a named task through [`catch_panic`], so a panic is logged
+///   with a backtrace, counted, and handed to the task's [`TaskHandle`]; the other tasks and
+///   the process keep running.
+/// - [`close`](Self::close) refuses every later spawn with [`SpawnError`], which hands the
+///   future back. Closing and registering happen under one lock, so no spawn can slip in
+///   after a drain has started.
+/// - [`shutdown`](Self::shutdown) closes, cancels the supervisor's [`token`](Self::token),
+///   waits up to a grace period, aborts whatever is still running and returns a
+///   [`DrainReport`] naming the tasks that finished, panicked and were aborted.
+/// - [`spawn_restarting`](Self::spawn_restarting) keeps a long-lived task alive with backoff
+///   and an intensity limit; past the limit the supervisor cancels its token and records an
+///   [`Escalation`].
+///
+/// `Supervisor` is a cheap handle: clones share the same tasks.
+///
+/// # Comparison to tokio-util's `TaskTracker`
+///
+/// `TaskTracker` (which this type uses inside for waiting) keeps accepting tasks after
+/// `close()`, knows no names, cannot abort stragglers and does not catch panics. Use
+/// `TaskTracker` when you only need "wait for everything I spawned" and spawn cost matters
+/// more than reporting; use `Supervisor` when shutdown must say what it left behind.
+///
+/// # Examples
+///
+/// The two cases of the reference material: work that fits the drain budget, and work that
+/// does not.
+///
+/// ```
+/// use std::time::Duration;
+/// use taskweave_supervise::Supervisor;
+/// use tokio_util::sync::CancellationToken;
+///
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+/// # async fn main() {
+/// let supervisor = Supervisor::new(CancellationToken::new());
+/// supervisor
+///     .spawn("quick", tokio::time::sleep(Duration::from_millis(50)))
+///     .unwrap();
+/// let report = supervisor.shutdown(Duration::from_millis(100)).await;
+/// assert!(report.is_clean());
+/// assert_eq!(report.to_string(), "all work finished: 1 task in 50ms");
+/// assert!(supervisor.spawn("late", async {}).is_err());
+///
+/// let supervisor = Supervisor::new(CancellationToken::new());
+/// supervisor
+///     .spawn("slow", tokio::time::sleep(Duration::from_secs(2)))
+///     .unwrap();
+/// let report = supervisor.shutdown(Duration::from_millis(100)).await;
+/// assert!(report.budget_expired);
+/// assert_eq!(report.aborted, ["slow"]);
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct Supervisor {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    token: CancellationToken,
+    tracker: TaskTracker,
+    state: Mutex<State>,
+    counters: Counters,
+    escalation: OnceLock<Escalation>,
+}
+
+#[derive(Default)]
+struct State {
+    closed: bool,
+    /// Set once a drain deadline has passed: a task whose registration completes after this
+    /// point is aborted at once instead of being missed by the abort sweep.
+    aborting: bool,
+    next_id: u64,
+    tasks: Slab<Entry>,
+    /// Outcomes of tasks that end while a `shutdown` is in progress.
+    drain: Option<DrainLog>,
+}
+
+struct Entry {
+    id: u64,
+    name: TaskName,
+    abort: Option<AbortHandle>,
+}
+
+#[derive(Default)]
+struct DrainLog {
+    finished: Vec<TaskName>,
+    panicked: Vec<TaskName>,
+    aborted: Vec<TaskName>,
+}
+
+// Cumulative counters. Every access is `Relaxed`: each counter is independent and only ever
+// incremented, and `metrics()` documents that its fields are read one by one, not as an atomic
+// snapshot.
+#[derive(Default)]
+struct Counters {
+    spawned: AtomicU64,
+    completed: AtomicU64,
+    panicked: AtomicU64,
+    aborted: AtomicU64,
+    refused: AtomicU64,
+    restarts: AtomicU64,
+}
+
+impl Counters {
+    fn add(counter: &AtomicU64) {
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+impl Supervisor {
+    /// A supervisor whose token is a child of `token`: cancelling `token` cancels every task
+    /// that watches [`token`](Self::token); a shutdown or an escalation of the supervisor never
+    /// cancels `token` itself.
+    #[must_use]
+    pub fn new(token: CancellationToken) -> Self {
+        Supervisor {
+            shared: Arc::new(Shared {
+                token: token.child_token(),
+                tracker: TaskTracker::new(),
+                state: Mutex::new(State::default()),
+                counters: Counters::default(),
+                escalation: OnceLock::new(),
+            }),
+        }
+    }
+
+    /// The supervisor's token: give it (or a child of it) to the tasks you spawn so that they
+    /// stop when the supervisor shuts down or escalates.
+    #[must_use]
+    pub fn token(&self) -> CancellationToken {
+        self.shared.token.clone()
+    }
+
+    /// Spawns `future` as a task named `name`, or hands it back if the supervisor is closed.
+    ///
+    /// The task's panic is captured as with [`spawn`](crate::spawn), and also counted in
+    /// [`metrics`](Self::metrics) and named in a drain report.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use taskweave_supervise::Supervisor;
+    /// use tokio_util::sync::CancellationToken;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// let supervisor = Supervisor::new(CancellationToken::new());
+    /// let task = supervisor.spawn("sum", async { 1 + 2 }).unwrap();
+    /// assert_eq!(task.await.unwrap(), 3);
+    ///
+    /// supervisor.close();
+    /// let refused = supervisor.spawn("late", async { 4 }).unwrap_err();
+    /// assert_eq!(refused.to_string(), "supervisor closed, task `late` refused");
+    /// assert_eq!(refused.into_inner().await, 4);
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`SpawnError`] with the future when [`close`](Self::close) (or `shutdown`) has run.
+    ///
+    /// # Panics
+    ///
+    /// Panics when called outside a tokio runtime, like `tokio::spawn`.
+    #[track_caller]
+    pub fn spawn<F>(
+        &self,
+        name: impl Into<TaskName>,
+        future: F,
+    ) -> Result<TaskHandle<F::Output>, SpawnError<F>>
+    where
+        F: Future + Send + 'static,
+        F::Output: Send + 'static,
+    {
+        let name = name.into();
+        match self.register(&name) {
+            Some(registration) => Ok(self.launch(name, registration, future)),
+            None => Err(SpawnError { name, future }),
+        }
+    }
+
+    /// Stops accepting tasks. Returns `true` if this call closed it, `false` if it was already
+    /// closed. Running tasks are not touched; see [`shutdown`](Self::shutdown).
+    pub fn close(&self) -> bool {
+        let was_open = !std::mem::replace(&mut self.state().closed, true);
+        self.shared.tracker.close();
+        was_open
+    }
+
+    /// `true` after [`close`](Self::close) or [`shutdown`](Self::shutdown).
+    #[must_use]
+    pub fn is_closed(&self) -> bool {
+        self.state().closed
+    }
+
+    /// The number of tasks that are still running.
+    #[must_use]
+    pub fn len(&self) -> usize {
+        self.state().tasks.len()
+    }
+
+    /// `true` when no task is running.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The names of the tasks that are still running, in no particular order.
+    #[must_use]
+    pub fn running(&self) -> Vec<TaskName> {
+        self.state()
+            .tasks
+            .iter()
+            .map(|(_, entry)| entry.name.clone())
+            .collect()
+    }
+
+    /// Cumulative counters since the supervisor was created.
+    ///
+    /// Each counter is read on its own, so a snapshot taken while tasks run may be off by the
+    /// tasks that ended during the read.
+    #[must_use]
+    pub fn metrics(&self) -> SupervisorMetrics {
+        let counters = &self.shared.counters;
+        let load = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
+        SupervisorMetrics {
+            spawned: load(&counters.spawned),
+            completed: load(&counters.completed),
+            panicked: load(&counters.panicked),
+            aborted: load(&counters.aborted),
+            refused: load(&counters.refused),
+            restarts: load(&counters.restarts),
+            running: self.len() as u64,
+        }
+    }
+
+    /// Why the supervisor gave up, if a restarting task exceeded its intensity limit.
+    #[must_use]
+    pub fn escalation(&self) -> Option<&Escalation> {
+        self.shared.escalation.get()
+    }
+
+    /// Waits until the supervisor is closed and every task has ended. Waits forever if nobody
+    /// closes it.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: dropping the future has no effect on the supervisor.
+    pub async fn wait(&self) {
+        self.shared.tracker.wait().await;
+    }
+
+    /// Closes the supervisor, cancels its token, waits up to `grace` for the tasks to end, then
+    /// aborts the rest and reports.
+    ///
+    /// The report names every task that ended during this call: finished, panicked, or
+    /// aborted (by the deadline or by its handle). Aborted tasks are awaited until they are
+    /// actually gone, which takes one scheduling round unless a task is stuck in blocking
+    /// code. If two `shutdown` calls overlap, a task is named in the report of the call that
+    /// saw it end.
+    ///
+    /// # Examples
+    ///
+    /// See the [type-level example](Self).
+    ///
+    /// # Panics
+    ///
+    /// Panics if `grace` is zero: a drain needs time; to abort at once, pass the smallest
+    /// grace that suits you (`Duration::from_nanos(1)`).
+    ///
+    /// # Cancel safety
+    ///
+    /// Not cancel safe as a report: dropping the future leaves the supervisor closed and its
+    /// token cancelled, tasks keep ending on their own, and the report is lost. Call it again
+    /// to wait once more.
+    pub async fn shutdown(&self, grace: Duration) -> DrainReport {
+        assert!(
+            !grace.is_zero(),
+            "Supervisor::shutdown: grace must be greater than zero"
+        );
+        let started = Instant::now();
+        {
+            let mut state = self.state();
+            state.closed = true;
+            state.drain.get_or_insert_with(DrainLog::default);
+        }
+        self.shared.tracker.close();
+        self.shared.token.cancel();
+        tracing::debug!(grace = ?grace, "supervisor draining");
+
+        let budget_expired = tokio::time::timeout(grace, self.shared.tracker.wait())
+            .await
+            .is_err();
+        if budget_expired {
+            let stragglers: Vec<AbortHandle> = {
+                let mut state = self.state();
+                state.aborting = true;
+                state
+                    .tasks
+                    .iter()
+                    .filter_map(|(_, entry)| entry.abort.clone())
+                    .collect()
+            };
+            // Aborting outside the lock: an abort never runs the task's drop inline today, but
+            // the lock must not depend on that.
+            for straggler in stragglers {
+                straggler.abort();
+            }
+            self.shared.tracker.wait().await;
+        }
+        let log = self.state().drain.take().unwrap_or_default();
+        let report = DrainReport {
+            finished: log.finished,
+            panicked: log.panicked,
+            aborted: log.aborted,
+            budget_expired,
+            elapsed: started.elapsed(),
+            grace,
+        };
+        if report.is_clean() {
+            tracing::debug!(%report, "supervisor drained");
+        } else {
+            tracing::warn!(%report, "supervisor drained with losses");
+        }
+        report
+    }
+
+    /// Claims a slot for a task named `name`, or counts a refusal when closed.
+    pub(crate) fn register(&self, name: &TaskName) -> Option<Registration> {
+        let mut state = self.state();
+        if state.closed {
+            drop(state);
+            Counters::add(&self.shared.counters.refused);
+            tracing::debug!(task = %name, "spawn refused: supervisor closed");
+            return None;
+        }
+        let id = state.next_id;
+        state.next_id += 1;
+        let key = state.tasks.insert(Entry {
+            id,
+            name: name.clone(),
+            abort: None,
+        });
+        Counters::add(&self.shared.counters.spawned);
+        Some(Registration {
+            shared: Arc::clone(&self.shared),
+            key,
+            id,
+            outcome: Outcome::Aborted,
+            _tracked: self.shared.tracker.token(),
+        })
+    }
+
+    /// Spawns `future` for a slot claimed by [`register`](Self::register).
+    #[track_caller]
+    pub(crate) fn launch<F>(
+        &self,
+        name: TaskName,
+        registration: Registration,
+        future: F,
+    ) -> TaskHandle<F::Output>
+    where
+        F: Future + Send + 'static,
+        F::Output: Send + 'static,
+    {
+        let (key, id) = (registration.key, registration.id);
+        // The lock is not held while spawning: a runtime that is shutting down drops the
+        // future inline, and the registration's `Drop` takes the lock.
+        let runtime = match Handle::try_current() {
+            Ok(runtime) => runtime,
+            Err(error) => panic!("Supervisor::spawn called outside a tokio runtime: {error}"),
+        };
+        let supervised = Supervised {
+            registration,
+            future: catch_panic(name.clone(), future),
+        };
+        let join = runtime.spawn(supervised);
+        let abort = join.abort_handle();
+        let mut state = self.state();
+        let aborting = state.aborting;
+        match state.tasks.get_mut(key) {
+            Some(entry) if entry.id == id => {
+                if aborting {
+                    abort.abort();
+                }
+                entry.abort = Some(abort);
+            }
+            // Already finished and removed (the slot may even hold a newer task).
+            _ => {}
+        }
+        drop(state);
+        TaskHandle::new(name, join)
+    }
+
+    pub(crate) fn count_restart(&self) {
+        Counters::add(&self.shared.counters.restarts);
+    }
+
+    /// Records the first escalation, then cancels the supervisor's token.
+    pub(crate) fn escalate(&self, escalation: Escalation) {
+        tracing::error!(%escalation, "supervisor escalating: cancelling its token");
+        let _ = self.shared.escalation.set(escalation);
+        self.shared.token.cancel();
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.shared.lock()
+    }
+}
+
+impl Shared {
+    // A panic never happens while the lock is held (no user code runs under it), but if one
+    // did, the state is still consistent, so poisoning is ignored.
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl fmt::Debug for Supervisor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let state = self.state();
+        f.debug_struct("Supervisor")
+            .field("closed", &state.closed)
+            .field("running", &state.tasks.len())
+            .field("cancelled", &self.shared.token.is_cancelled())
+            .finish_non_exhaustive()
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Outcome {
+    Finished,
+    Panicked,
+    Aborted,
+}
+
+/// A task's slot in the supervisor; dropping it (when the task's future is dropped, on every
+/// path) removes the slot and records how the task ended.
+pub(crate) struct Registration {
+    shared: Arc<Shared>,
+    key: usize,
+    id: u64,
+    outcome: Outcome,
+    // Dropped after `Drop::drop` has updated the state, so `TaskTracker::wait` can never wake
+    // a drain before the task's outcome is in the drain log.
+    _tracked: TaskTrackerToken,
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        let counters = &self.shared.counters;
+        Counters::add(match self.outcome {
+            Outcome::Finished => &counters.completed,
+            Outcome::Panicked => &counters.panicked,
+            Outcome::Aborted => &counters.aborted,
+        });
+        let mut state = self.shared.lock();
+        let removed = match state.tasks.get(self.key) {
+            Some(entry) if entry.id == self.id => Some(state.tasks.remove(self.key)),
+            _ => None,
+        };
+        if let (Some(entry), Some(log)) = (removed, state.drain.as_mut()) {
+            match self.outcome {
+                Outcome::Finished => log.finished.push(entry.name),
+                Outcome::Panicked => log.panicked.push(entry.name),
+                Outcome::Aborted => log.aborted.push(entry.name),
+            }
+        }
+    }
+}
+
+pin_project! {
+    /// The future a supervised task runs: the caught future plus its registration.
+    struct Supervised<F> {
+        registration: Registration,
+        #[pin]
+        future: CatchPanic<F>,
+    }
+}
+
+impl<F: Future> Future for Supervised<F> {
+    type Output = Result<F::Output, PanicError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        let output = ready!(this.future.poll(cx));
+        this.registration.outcome = if output.is_ok() {
+            Outcome::Finished
+        } else {
+            Outcome::Panicked
+        };
+        Poll::Ready(output)
+    }
+}

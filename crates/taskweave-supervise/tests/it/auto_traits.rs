@@ -1,0 +1,33 @@
+//! Every public type is `Send + Sync` (and `Unpin` where documented), so it can cross tasks.
+
+use std::future::Ready;
+
+use taskweave_supervise::{
+    CatchPanic, DrainReport, Escalation, Failure, PanicError, RestartError, RestartPolicy,
+    SpawnError, Supervisor, SupervisorMetrics, TaskError, TaskHandle, TaskName,
+};
+
+fn send_sync_unpin<T: Send + Sync + Unpin>() {}
+fn send_sync<T: Send + Sync>() {}
+
+#[test]
+fn public_types_are_send_sync_and_unpin() {
+    send_sync_unpin::<Supervisor>();
+    send_sync_unpin::<TaskHandle<u32>>();
+    send_sync_unpin::<TaskName>();
+    send_sync_unpin::<PanicError>();
+    send_sync_unpin::<TaskError>();
+    send_sync_unpin::<SpawnError<Ready<()>>>();
+    send_sync_unpin::<DrainReport>();
+    send_sync_unpin::<SupervisorMetrics>();
+    send_sync_unpin::<Escalation>();
+    send_sync_unpin::<RestartPolicy>();
+    send_sync_unpin::<Failure<String>>();
+    send_sync_unpin::<RestartError<String>>();
+    send_sync_unpin::<CatchPanic<Ready<()>>>();
+    // Errors must work with `Box<dyn Error + Send + Sync>` and `anyhow`.
+    send_sync::<Box<dyn std::error::Error + Send + Sync>>();
+    let _: Box<dyn std::error::Error + Send + Sync> = Box::new(TaskError::Aborted {
+        name: TaskName::from("x"),
+    });
+}

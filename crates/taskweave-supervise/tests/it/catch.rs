@@ -1,0 +1,84 @@
+//! `catch_panic`: panics become values with name, message, location and backtrace.
+
+use std::backtrace::BacktraceStatus;
+
+use taskweave_supervise::catch_panic;
+
+use crate::support::LogCapture;
+
+#[tokio::test]
+async fn panic_becomes_an_error_with_message_location_and_backtrace() {
+    let panic = catch_panic("exploder", async { panic!("worker exploded") })
+        .await
+        .unwrap_err();
+    assert_eq!(panic.name(), "exploder");
+    assert_eq!(panic.message(), "worker exploded");
+    let location = panic.location().expect("the hook records the location");
+    assert!(location.contains("catch.rs"), "location was {location}");
+    assert_eq!(panic.backtrace().status(), BacktraceStatus::Captured);
+    assert!(
+        panic
+            .to_string()
+            .starts_with("task `exploder` panicked at "),
+        "{panic}"
+    );
+    assert!(panic.to_string().ends_with(": worker exploded"), "{panic}");
+}
+
+#[tokio::test]
+async fn formatted_and_non_string_payloads_are_reported() {
+    let value = 7;
+    let formatted = catch_panic("fmt", async move { panic!("bad value {value}") })
+        .await
+        .unwrap_err();
+    assert_eq!(formatted.message(), "bad value 7");
+
+    let opaque = catch_panic("opaque", async { std::panic::panic_any(42_u8) })
+        .await
+        .unwrap_err();
+    assert_eq!(opaque.message(), "Box<dyn Any>");
+}
+
+#[tokio::test]
+async fn a_panic_after_a_pending_poll_is_caught_too() {
+    let panic = catch_panic("later", async {
+        tokio::task::yield_now().await;
+        panic!("second poll");
+    })
+    .await
+    .unwrap_err();
+    assert_eq!(panic.message(), "second poll");
+}
+
+#[tokio::test]
+async fn panic_is_logged_at_error_level_with_name_and_backtrace() {
+    let logs = LogCapture::global();
+    let _ = catch_panic("logged-task", async { panic!("visible in logs") }).await;
+    let text = logs.lines_with("task=logged-task");
+    assert!(text.contains("ERROR"), "{text}");
+    assert!(text.contains("task panicked"), "{text}");
+    assert!(text.contains("task=logged-task"), "{text}");
+    assert!(text.contains("panic=visible in logs"), "{text}");
+    assert!(text.contains("backtrace="), "{text}");
+}
+
+#[tokio::test]
+async fn nested_catch_keeps_the_outer_capture_working() {
+    let outer = catch_panic("outer", async {
+        let inner = catch_panic("inner", async { panic!("inner boom") }).await;
+        assert_eq!(inner.unwrap_err().message(), "inner boom");
+        panic!("outer boom");
+    })
+    .await
+    .unwrap_err();
+    assert_eq!(outer.message(), "outer boom");
+    assert_eq!(outer.backtrace().status(), BacktraceStatus::Captured);
+}
+
+#[tokio::test]
+#[should_panic(expected = "`CatchPanic` polled after completion")]
+async fn polling_after_completion_is_a_programmer_error() {
+    let mut caught = Box::pin(catch_panic("once", async { 1 }));
+    assert_eq!((&mut caught).await.unwrap(), 1);
+    let _ = caught.await;
+}

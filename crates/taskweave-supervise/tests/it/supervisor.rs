@@ -1,0 +1,305 @@
+//! `Supervisor`: refusal after close, drain by deadline, reports, metrics, no leaks.
+
+use std::time::Duration;
+
+use proptest::prelude::*;
+use taskweave_supervise::{Supervisor, SupervisorMetrics, TaskError};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::support::{alive_tasks, assert_no_leaked_tasks};
+
+const MS: Duration = Duration::from_millis(1);
+
+// Reference behaviour: a 50 ms task and a 100 ms budget → "all work finished".
+#[tokio::test(start_paused = true)]
+async fn work_within_the_budget_finishes_and_the_report_says_so() {
+    let baseline = alive_tasks();
+    let supervisor = Supervisor::new(CancellationToken::new());
+    supervisor
+        .spawn("quick", tokio::time::sleep(50 * MS))
+        .unwrap();
+    let started = Instant::now();
+    let report = supervisor.shutdown(100 * MS).await;
+    assert_eq!(started.elapsed(), 50 * MS);
+    assert!(report.is_clean());
+    assert!(!report.budget_expired);
+    assert_eq!(report.finished, ["quick"]);
+    assert!(report.aborted.is_empty());
+    assert_eq!(report.to_string(), "all work finished: 1 task in 50ms");
+    assert_no_leaked_tasks(baseline).await;
+}
+
+// Reference behaviour: a 2 s task and a 100 ms budget → "drain budget expired".
+#[tokio::test(start_paused = true)]
+async fn work_beyond_the_budget_is_aborted_and_named() {
+    let baseline = alive_tasks();
+    let supervisor = Supervisor::new(CancellationToken::new());
+    supervisor.spawn("quick", tokio::time::sleep(MS)).unwrap();
+    let slow = supervisor
+        .spawn("slow", tokio::time::sleep(Duration::from_secs(2)))
+        .unwrap();
+    let started = Instant::now();
+    let report = supervisor.shutdown(100 * MS).await;
+    assert_eq!(started.elapsed(), 100 * MS);
+    assert!(report.budget_expired);
+    assert!(!report.is_clean());
+    assert_eq!(report.finished, ["quick"]);
+    assert_eq!(report.aborted, ["slow"]);
+    assert_eq!(
+        report.to_string(),
+        "drain budget expired after 100ms; finished 1; aborted `slow`"
+    );
+    assert!(slow.await.unwrap_err().is_aborted());
+    assert!(supervisor.is_empty());
+    assert_no_leaked_tasks(baseline).await;
+}
+
+// Reference behaviour: "accepted after close: false".
+#[tokio::test]
+async fn spawn_after_close_is_refused_and_hands_the_future_back() {
+    let supervisor = Supervisor::new(CancellationToken::new());
+    assert!(!supervisor.is_closed());
+    assert!(supervisor.close());
+    assert!(!supervisor.close(), "close is idempotent and says so");
+    assert!(supervisor.is_closed());
+    let refused = supervisor
+        .spawn("late", async { "ran anyway" })
+        .unwrap_err();
+    assert_eq!(refused.name(), "late");
+    assert_eq!(refused.into_inner().await, "ran anyway");
+    assert_eq!(supervisor.metrics().refused, 1);
+    assert_eq!(supervisor.metrics().spawned, 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn spawn_after_shutdown_is_refused() {
+    let supervisor = Supervisor::new(CancellationToken::new());
+    let report = supervisor.shutdown(MS).await;
+    assert!(report.is_clean());
+    assert_eq!(report.to_string(), "all work finished: 0 tasks in 0ns");
+    assert!(supervisor.spawn("late", async {}).is_err());
+}
+
+#[tokio::test(start_paused = true)]
+async fn shutdown_cancels_the_token_so_cooperative_tasks_finish() {
+    let parent = CancellationToken::new();
+    let supervisor = Supervisor::new(parent.clone());
+    let token = supervisor.token();
+    let task = supervisor
+        .spawn("listener", async move {
+            token.cancelled().await;
+            "stopped cleanly"
+        })
+        .unwrap();
+    let report = supervisor.shutdown(Duration::from_secs(1)).await;
+    assert_eq!(report.finished, ["listener"]);
+    assert_eq!(report.elapsed, Duration::ZERO);
+    assert_eq!(task.await.unwrap(), "stopped cleanly");
+    assert!(
+        !parent.is_cancelled(),
+        "a supervisor never cancels its parent"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn parent_cancellation_reaches_the_supervisor_token() {
+    let parent = CancellationToken::new();
+    let supervisor = Supervisor::new(parent.clone());
+    parent.cancel();
+    assert!(supervisor.token().is_cancelled());
+}
+
+// Reference behaviour: a panicking task leaves the process and the other tasks running.
+#[tokio::test(start_paused = true)]
+async fn a_panicking_task_is_reported_and_the_others_keep_running() {
+    let supervisor = Supervisor::new(CancellationToken::new());
+    let token = supervisor.token();
+    let steady = supervisor
+        .spawn("steady", async move {
+            let mut ticks = 0_u32;
+            while !token.is_cancelled() {
+                tokio::time::sleep(10 * MS).await;
+                ticks += 1;
+            }
+            ticks
+        })
+        .unwrap();
+    let broken = supervisor
+        .spawn("broken", async { panic!("worker exploded") })
+        .unwrap();
+    let error = broken.await.unwrap_err();
+    assert!(matches!(&error, TaskError::Panicked(p) if p.message() == "worker exploded"));
+    tokio::time::sleep(100 * MS).await;
+    assert_eq!(supervisor.running(), ["steady"]);
+    let report = supervisor.shutdown(Duration::from_secs(1)).await;
+    assert_eq!(report.finished, ["steady"]);
+    assert!(steady.await.unwrap() >= 10);
+    let metrics = supervisor.metrics();
+    assert_eq!(
+        (metrics.spawned, metrics.completed, metrics.panicked),
+        (2, 1, 1)
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_panic_during_the_drain_is_named_in_the_report() {
+    let supervisor = Supervisor::new(CancellationToken::new());
+    let token = supervisor.token();
+    supervisor
+        .spawn("fragile", async move {
+            token.cancelled().await;
+            panic!("could not flush");
+        })
+        .unwrap();
+    let report = supervisor.shutdown(Duration::from_secs(1)).await;
+    assert!(!report.budget_expired);
+    assert!(!report.is_clean());
+    assert_eq!(report.panicked, ["fragile"]);
+    assert_eq!(
+        report.to_string(),
+        "drained in 0ns with losses; finished 0; panicked `fragile`"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn len_and_running_follow_the_tasks() {
+    let supervisor = Supervisor::new(CancellationToken::new());
+    assert!(supervisor.is_empty());
+    supervisor.spawn("a", tokio::time::sleep(10 * MS)).unwrap();
+    supervisor.spawn("b", tokio::time::sleep(20 * MS)).unwrap();
+    assert_eq!(supervisor.len(), 2);
+    tokio::time::sleep(15 * MS).await;
+    assert_eq!(supervisor.running(), ["b"]);
+    tokio::time::sleep(10 * MS).await;
+    assert!(supervisor.is_empty());
+}
+
+#[tokio::test(start_paused = true)]
+async fn wait_returns_after_close_once_every_task_ended() {
+    let supervisor = Supervisor::new(CancellationToken::new());
+    supervisor.spawn("a", tokio::time::sleep(30 * MS)).unwrap();
+    supervisor.close();
+    let started = Instant::now();
+    supervisor.wait().await;
+    assert_eq!(started.elapsed(), 30 * MS);
+}
+
+#[tokio::test(start_paused = true)]
+#[should_panic(expected = "grace must be greater than zero")]
+async fn zero_grace_is_a_programmer_error() {
+    let supervisor = Supervisor::new(CancellationToken::new());
+    let _ = supervisor.shutdown(Duration::ZERO).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_tasks_on_the_multi_thread_runtime_are_all_accounted_for() {
+    let supervisor = Supervisor::new(CancellationToken::new());
+    let mut handles = Vec::new();
+    for index in 0..500_u32 {
+        let handle = supervisor
+            .spawn(format!("task-{index}"), async move {
+                tokio::task::yield_now().await;
+                assert!(index % 50 != 7, "planned failure {index}");
+                index
+            })
+            .unwrap();
+        handles.push(handle);
+    }
+    let mut panicked = 0;
+    for handle in handles {
+        if handle.await.is_err() {
+            panicked += 1;
+        }
+    }
+    assert_eq!(panicked, 10);
+    let report = supervisor.shutdown(Duration::from_secs(5)).await;
+    assert!(report.is_clean());
+    let metrics = supervisor.metrics();
+    assert_eq!(metrics.spawned, 500);
+    assert_eq!(metrics.completed, 490);
+    assert_eq!(metrics.panicked, 10);
+    assert_eq!(metrics.running, 0);
+}
+
+/// What a generated task does.
+#[derive(Clone, Copy, Debug)]
+enum Plan {
+    /// Finishes after this many milliseconds.
+    Finish(u64),
+    /// Panics after this many milliseconds.
+    Panic(u64),
+    /// Ignores the token and would run for a minute.
+    Hang,
+}
+
+fn plan() -> impl Strategy<Value = Plan> {
+    prop_oneof![
+        // Task times are even and drain times odd, so no task ends on the very instant the
+        // drain starts or its budget expires (the order of same-instant timers is unspecified).
+        (0_u64..100).prop_map(|half| Plan::Finish(2 * half)),
+        (0_u64..100).prop_map(|half| Plan::Panic(2 * half)),
+        Just(Plan::Hang),
+    ]
+}
+
+fn run_plans(plans: &[Plan], grace_ms: u64, close_after_ms: u64) -> (SupervisorMetrics, usize) {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let baseline = alive_tasks();
+        let supervisor = Supervisor::new(CancellationToken::new());
+        for (index, plan) in plans.iter().copied().enumerate() {
+            let future = async move {
+                match plan {
+                    Plan::Finish(ms) => tokio::time::sleep(Duration::from_millis(ms)).await,
+                    Plan::Panic(ms) => {
+                        tokio::time::sleep(Duration::from_millis(ms)).await;
+                        panic!("planned");
+                    }
+                    Plan::Hang => tokio::time::sleep(Duration::from_secs(60)).await,
+                }
+            };
+            supervisor.spawn(format!("t{index}"), future).unwrap();
+        }
+        tokio::time::sleep(Duration::from_millis(close_after_ms)).await;
+        let report = supervisor.shutdown(Duration::from_millis(grace_ms)).await;
+        let named = report.finished.len() + report.panicked.len() + report.aborted.len();
+        assert_no_leaked_tasks(baseline).await;
+        (supervisor.metrics(), named)
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    // Every spawned task ends exactly once, in exactly one counter; the report names exactly
+    // the tasks still running when the drain started, and every hanging task is aborted.
+    #[test]
+    fn every_task_is_accounted_for_exactly_once(
+        plans in proptest::collection::vec(plan(), 0..24),
+        grace_ms in (1_u64..150).prop_map(|half| 2 * half),
+        close_after_ms in (0_u64..125).prop_map(|half| 2 * half + 1),
+    ) {
+        let (metrics, named) = run_plans(&plans, grace_ms, close_after_ms);
+        let spawned = plans.len() as u64;
+        prop_assert_eq!(metrics.spawned, spawned);
+        prop_assert_eq!(metrics.running, 0);
+        prop_assert_eq!(metrics.completed + metrics.panicked + metrics.aborted, spawned);
+        let expected_panics = plans.iter().filter(|plan| match plan {
+            Plan::Panic(ms) => *ms < close_after_ms + grace_ms,
+            _ => false,
+        }).count() as u64;
+        prop_assert_eq!(metrics.panicked, expected_panics);
+        let hangs = plans.iter().filter(|plan| matches!(plan, Plan::Hang)).count() as u64;
+        prop_assert!(metrics.aborted >= hangs);
+        let still_running_at_close = plans.iter().filter(|plan| match plan {
+            Plan::Finish(ms) | Plan::Panic(ms) => *ms >= close_after_ms,
+            Plan::Hang => true,
+        }).count();
+        prop_assert_eq!(named, still_running_at_close);
+    }
+}

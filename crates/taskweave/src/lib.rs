@@ -1,0 +1,31 @@
+//! Composable async concurrency patterns on tokio.
+//!
+//! Each pattern is its own crate; this umbrella re-exports each one as a module behind a
+//! feature of the same name (all enabled by default), so `taskweave::supervise::Supervisor`
+//! is `taskweave_supervise::Supervisor`. Depend on the single crate you need when you want
+//! the smallest build.
+//!
+//! | module | crate | pattern |
+//! |---|---|---|
+//! | [`supervise`] | `taskweave-supervise` | panic-capturing spawn, supervisor with drain and restarts |
+//! | [`periodic`] | `taskweave-periodic` | periodic jobs without bursts or overlap |
+//!
+//! # Example
+//!
+//! ```
+//! use taskweave::supervise::spawn;
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() {
+//! let error = spawn("worker", async { panic!("boom") }).await.unwrap_err();
+//! assert!(error.is_panic());
+//! # }
+//! ```
+
+#[cfg(feature = "supervise")]
+#[doc(inline)]
+pub use taskweave_supervise as supervise;
+
+#[cfg(feature = "periodic")]
+#[doc(inline)]
+pub use taskweave_periodic as periodic;
