@@ -6,6 +6,34 @@ use std::fmt;
 /// cancelled.
 ///
 /// `runs == succeeded + failed + timed_out + panicked` always holds.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use taskweave_periodic::Periodic;
+/// use tokio_util::sync::CancellationToken;
+///
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+/// # async fn main() {
+/// let token = CancellationToken::new();
+/// let stop = token.clone();
+/// let mut run = 0;
+/// let report = Periodic::new(Duration::from_secs(1))
+///     .run(token, |_| {
+///         run += 1;
+///         if run == 2 {
+///             stop.cancel();
+///         }
+///         async move { if run == 1 { Err("timeout talking to S3") } else { Ok(()) } }
+///     })
+///     .await;
+/// assert_eq!(
+///     report.to_string(),
+///     "2 runs: 1 succeeded, 1 failed, 0 timed out, 0 panicked; 0 ticks skipped"
+/// );
+/// # }
+/// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct PeriodicReport {

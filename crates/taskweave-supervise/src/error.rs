@@ -12,6 +12,24 @@ use crate::TaskName;
 /// Carries the task's name, the panic message, where it panicked and a backtrace captured at
 /// the panic site (see [`catch_panic`](crate::catch_panic) for how the backtrace is taken).
 /// Cheap to clone: the backtrace is shared.
+///
+/// # Examples
+///
+/// ```
+/// use std::backtrace::BacktraceStatus;
+/// use taskweave_supervise::catch_panic;
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// let panic = catch_panic("parser", async { panic!("unexpected token") })
+///     .await
+///     .unwrap_err();
+/// assert_eq!(panic.name(), "parser");
+/// assert_eq!(panic.message(), "unexpected token");
+/// assert!(panic.location().unwrap().contains(".rs:"));
+/// assert_eq!(panic.backtrace().status(), BacktraceStatus::Captured);
+/// # }
+/// ```
 #[derive(Clone)]
 pub struct PanicError {
     pub(crate) name: TaskName,
@@ -75,6 +93,20 @@ impl fmt::Debug for PanicError {
 impl Error for PanicError {}
 
 /// Why awaiting a [`TaskHandle`](crate::TaskHandle) produced no value.
+///
+/// # Examples
+///
+/// ```
+/// use taskweave_supervise::{TaskError, spawn};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// match spawn("worker", async { panic!("boom") }).await {
+///     Err(TaskError::Panicked(panic)) => assert_eq!(panic.message(), "boom"),
+///     other => unreachable!("{other:?}"),
+/// }
+/// # }
+/// ```
 #[derive(Clone, Debug)]
 #[non_exhaustive]
 pub enum TaskError {
@@ -139,6 +171,23 @@ impl From<PanicError> for TaskError {
 }
 
 /// [`Supervisor::spawn`](crate::Supervisor::spawn) refused the future; it is handed back.
+///
+/// # Examples
+///
+/// ```
+/// use taskweave_supervise::Supervisor;
+/// use tokio_util::sync::CancellationToken;
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// let supervisor = Supervisor::new(CancellationToken::new());
+/// supervisor.close();
+/// let refused = supervisor.spawn("report", async { "generated" }).unwrap_err();
+/// assert_eq!(refused.name(), "report");
+/// // Nothing is lost: the caller decides what to do with the work.
+/// assert_eq!(refused.into_inner().await, "generated");
+/// # }
+/// ```
 pub struct SpawnError<F> {
     pub(crate) name: TaskName,
     pub(crate) future: F,

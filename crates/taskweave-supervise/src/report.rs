@@ -7,6 +7,28 @@ use crate::TaskName;
 
 /// What [`Supervisor::shutdown`](crate::Supervisor::shutdown) saw: every task that ended
 /// during the drain, by outcome.
+///
+/// Its `Display` is one line for a log: `all work finished: 2 tasks in 50ms`, or
+/// `drain budget expired after 100ms; finished 1; aborted `slow``.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use taskweave_supervise::Supervisor;
+/// use tokio_util::sync::CancellationToken;
+///
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+/// # async fn main() {
+/// let supervisor = Supervisor::new(CancellationToken::new());
+/// supervisor.spawn("flush", tokio::time::sleep(Duration::from_millis(10))).unwrap();
+/// supervisor.spawn("stuck", std::future::pending::<()>()).unwrap();
+/// let report = supervisor.shutdown(Duration::from_secs(1)).await;
+/// assert!(report.budget_expired && !report.is_clean());
+/// assert_eq!((report.finished.as_slice(), report.aborted.as_slice()), (&["flush".into()][..], &["stuck".into()][..]));
+/// assert_eq!(report.elapsed, Duration::from_secs(1));
+/// # }
+/// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct DrainReport {
@@ -65,9 +87,27 @@ fn write_names(f: &mut fmt::Formatter<'_>, label: &str, names: &[TaskName]) -> f
 
 /// Cumulative counters of a [`Supervisor`](crate::Supervisor).
 ///
-/// Every spawned task ends exactly once, so
-/// `spawned == completed + panicked + aborted + running` whenever no task is starting or
-/// ending during the read.
+/// Every spawned task ends exactly once, and the task counters are read together, so
+/// `spawned == completed + panicked + aborted + running` holds in every snapshot.
+///
+/// # Examples
+///
+/// ```
+/// use taskweave_supervise::Supervisor;
+/// use tokio_util::sync::CancellationToken;
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// let supervisor = Supervisor::new(CancellationToken::new());
+/// supervisor.spawn("ok", async {}).unwrap().await.unwrap();
+/// let _ = supervisor.spawn("bad", async { panic!("no") }).unwrap().await;
+/// supervisor.close();
+/// let _refused = supervisor.spawn("late", async {});
+/// let metrics = supervisor.metrics();
+/// assert_eq!((metrics.spawned, metrics.completed, metrics.panicked), (2, 1, 1));
+/// assert_eq!((metrics.refused, metrics.running), (1, 0));
+/// # }
+/// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct SupervisorMetrics {
@@ -88,6 +128,9 @@ pub struct SupervisorMetrics {
 }
 
 /// Why a supervisor gave up: a restarting task failed more often than its policy allows.
+///
+/// Read it with [`Supervisor::escalation`](crate::Supervisor::escalation); see
+/// [`Supervisor::spawn_restarting`](crate::Supervisor::spawn_restarting) for an example.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Escalation {

@@ -59,6 +59,24 @@ where
 /// Awaiting it yields the task's output, or a [`TaskError`] when it panicked or was aborted.
 /// Dropping it detaches the task, which keeps running; a later panic is still logged.
 ///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use taskweave_supervise::{TaskError, spawn};
+///
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+/// # async fn main() {
+/// let task = spawn("sleeper", tokio::time::sleep(Duration::from_secs(60)));
+/// assert_eq!(task.name(), "sleeper");
+/// assert!(!task.is_finished());
+/// task.abort();
+/// let error = task.await.unwrap_err();
+/// assert!(matches!(error, TaskError::Aborted { .. }));
+/// assert_eq!(error.to_string(), "task `sleeper` was aborted");
+/// # }
+/// ```
+///
 /// # Cancel safety
 ///
 /// Awaiting a `TaskHandle` is cancel safe: dropping the `.await` loses nothing, and the handle

@@ -11,11 +11,10 @@ use std::time::Duration;
 use pin_project_lite::pin_project;
 use slab::Slab;
 use tokio::runtime::Handle;
+use tokio::sync::Notify;
 use tokio::task::AbortHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
-use tokio_util::task::task_tracker::TaskTrackerToken;
 
 use crate::{CatchPanic, DrainReport, Escalation, PanicError, SpawnError, TaskHandle, TaskName};
 use crate::{SupervisorMetrics, catch_panic};
@@ -39,7 +38,7 @@ use crate::{SupervisorMetrics, catch_panic};
 ///
 /// # Comparison to tokio-util's `TaskTracker`
 ///
-/// `TaskTracker` (which this type uses inside for waiting) keeps accepting tasks after
+/// `TaskTracker` keeps accepting tasks after
 /// `close()`, knows no names, cannot abort stragglers and does not catch panics. Use
 /// `TaskTracker` when you only need "wait for everything I spawned" and spawn cost matters
 /// more than reporting; use `Supervisor` when shutdown must say what it left behind.
@@ -81,9 +80,12 @@ pub struct Supervisor {
 
 struct Shared {
     token: CancellationToken,
-    tracker: TaskTracker,
     state: Mutex<State>,
-    counters: Counters,
+    /// Notified (after the lock is released) whenever the supervisor is closed and its last
+    /// task has ended.
+    drained: Notify,
+    /// The one counter updated outside the lock.
+    restarts: AtomicU64,
     escalation: OnceLock<Escalation>,
 }
 
@@ -97,6 +99,19 @@ struct State {
     tasks: Slab<Entry>,
     /// Outcomes of tasks that end while a `shutdown` is in progress.
     drain: Option<DrainLog>,
+    // Counters live under the lock that registration and removal take anyway: no extra
+    // atomic operations per task, and `metrics()` reads a consistent snapshot.
+    spawned: u64,
+    completed: u64,
+    panicked: u64,
+    aborted: u64,
+    refused: u64,
+}
+
+impl State {
+    fn is_drained(&self) -> bool {
+        self.closed && self.tasks.is_empty()
+    }
 }
 
 struct Entry {
@@ -112,25 +127,6 @@ struct DrainLog {
     aborted: Vec<TaskName>,
 }
 
-// Cumulative counters. Every access is `Relaxed`: each counter is independent and only ever
-// incremented, and `metrics()` documents that its fields are read one by one, not as an atomic
-// snapshot.
-#[derive(Default)]
-struct Counters {
-    spawned: AtomicU64,
-    completed: AtomicU64,
-    panicked: AtomicU64,
-    aborted: AtomicU64,
-    refused: AtomicU64,
-    restarts: AtomicU64,
-}
-
-impl Counters {
-    fn add(counter: &AtomicU64) {
-        counter.fetch_add(1, Ordering::Relaxed);
-    }
-}
-
 impl Supervisor {
     /// A supervisor whose token is a child of `token`: cancelling `token` cancels every task
     /// that watches [`token`](Self::token); a shutdown or an escalation of the supervisor never
@@ -140,9 +136,9 @@ impl Supervisor {
         Supervisor {
             shared: Arc::new(Shared {
                 token: token.child_token(),
-                tracker: TaskTracker::new(),
                 state: Mutex::new(State::default()),
-                counters: Counters::default(),
+                drained: Notify::new(),
+                restarts: AtomicU64::new(0),
                 escalation: OnceLock::new(),
             }),
         }
@@ -150,6 +146,18 @@ impl Supervisor {
 
     /// The supervisor's token: give it (or a child of it) to the tasks you spawn so that they
     /// stop when the supervisor shuts down or escalates.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use taskweave_supervise::Supervisor;
+    /// use tokio_util::sync::CancellationToken;
+    ///
+    /// let parent = CancellationToken::new();
+    /// let supervisor = Supervisor::new(parent.clone());
+    /// parent.cancel();
+    /// assert!(supervisor.token().is_cancelled()); // parent → supervisor, never the reverse
+    /// ```
     #[must_use]
     pub fn token(&self) -> CancellationToken {
         self.shared.token.clone()
@@ -205,9 +213,30 @@ impl Supervisor {
 
     /// Stops accepting tasks. Returns `true` if this call closed it, `false` if it was already
     /// closed. Running tasks are not touched; see [`shutdown`](Self::shutdown).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use taskweave_supervise::Supervisor;
+    /// use tokio_util::sync::CancellationToken;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// let supervisor = Supervisor::new(CancellationToken::new());
+    /// assert!(supervisor.close());
+    /// assert!(!supervisor.close()); // idempotent
+    /// assert!(supervisor.is_closed());
+    /// assert!(supervisor.spawn("late", async {}).is_err());
+    /// # }
+    /// ```
     pub fn close(&self) -> bool {
-        let was_open = !std::mem::replace(&mut self.state().closed, true);
-        self.shared.tracker.close();
+        let mut state = self.state();
+        let was_open = !std::mem::replace(&mut state.closed, true);
+        let drained = state.is_drained();
+        drop(state);
+        if was_open && drained {
+            self.shared.drained.notify_waiters();
+        }
         was_open
     }
 
@@ -230,6 +259,21 @@ impl Supervisor {
     }
 
     /// The names of the tasks that are still running, in no particular order.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use taskweave_supervise::Supervisor;
+    /// use tokio_util::sync::CancellationToken;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// let supervisor = Supervisor::new(CancellationToken::new());
+    /// supervisor.spawn("listener", std::future::pending::<()>()).unwrap();
+    /// assert_eq!(supervisor.len(), 1);
+    /// assert_eq!(supervisor.running(), ["listener"]);
+    /// # }
+    /// ```
     #[must_use]
     pub fn running(&self) -> Vec<TaskName> {
         self.state()
@@ -241,20 +285,20 @@ impl Supervisor {
 
     /// Cumulative counters since the supervisor was created.
     ///
-    /// Each counter is read on its own, so a snapshot taken while tasks run may be off by the
-    /// tasks that ended during the read.
+    /// The task counters are read together under the supervisor's lock, so
+    /// `spawned == completed + panicked + aborted + running` holds in every snapshot.
     #[must_use]
     pub fn metrics(&self) -> SupervisorMetrics {
-        let counters = &self.shared.counters;
-        let load = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
+        let state = self.state();
         SupervisorMetrics {
-            spawned: load(&counters.spawned),
-            completed: load(&counters.completed),
-            panicked: load(&counters.panicked),
-            aborted: load(&counters.aborted),
-            refused: load(&counters.refused),
-            restarts: load(&counters.restarts),
-            running: self.len() as u64,
+            spawned: state.spawned,
+            completed: state.completed,
+            panicked: state.panicked,
+            aborted: state.aborted,
+            refused: state.refused,
+            // Relaxed: an independent, increment-only counter.
+            restarts: self.shared.restarts.load(Ordering::Relaxed),
+            running: state.tasks.len() as u64,
         }
     }
 
@@ -265,13 +309,40 @@ impl Supervisor {
     }
 
     /// Waits until the supervisor is closed and every task has ended. Waits forever if nobody
-    /// closes it.
+    /// closes it. Unlike [`shutdown`](Self::shutdown), it has no deadline and cancels nothing.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use taskweave_supervise::Supervisor;
+    /// use tokio_util::sync::CancellationToken;
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() {
+    /// let supervisor = Supervisor::new(CancellationToken::new());
+    /// supervisor.spawn("flush", tokio::time::sleep(Duration::from_millis(30))).unwrap();
+    /// supervisor.close();
+    /// supervisor.wait().await;
+    /// assert!(supervisor.is_empty());
+    /// # }
+    /// ```
     ///
     /// # Cancel safety
     ///
     /// Cancel safe: dropping the future has no effect on the supervisor.
     pub async fn wait(&self) {
-        self.shared.tracker.wait().await;
+        loop {
+            let notified = self.shared.drained.notified();
+            let mut notified = std::pin::pin!(notified);
+            // Registered before the check, so a drain that completes right after the check
+            // still wakes this waiter.
+            notified.as_mut().enable();
+            if self.state().is_drained() {
+                return;
+            }
+            notified.await;
+        }
     }
 
     /// Closes the supervisor, cancels its token, waits up to `grace` for the tasks to end, then
@@ -303,18 +374,12 @@ impl Supervisor {
             "Supervisor::shutdown: grace must be greater than zero"
         );
         let started = Instant::now();
-        {
-            let mut state = self.state();
-            state.closed = true;
-            state.drain.get_or_insert_with(DrainLog::default);
-        }
-        self.shared.tracker.close();
+        self.state().drain.get_or_insert_with(DrainLog::default);
+        self.close();
         self.shared.token.cancel();
         tracing::debug!(grace = ?grace, "supervisor draining");
 
-        let budget_expired = tokio::time::timeout(grace, self.shared.tracker.wait())
-            .await
-            .is_err();
+        let budget_expired = tokio::time::timeout(grace, self.wait()).await.is_err();
         if budget_expired {
             let stragglers: Vec<AbortHandle> = {
                 let mut state = self.state();
@@ -330,7 +395,7 @@ impl Supervisor {
             for straggler in stragglers {
                 straggler.abort();
             }
-            self.shared.tracker.wait().await;
+            self.wait().await;
         }
         let log = self.state().drain.take().unwrap_or_default();
         let report = DrainReport {
@@ -353,8 +418,8 @@ impl Supervisor {
     pub(crate) fn register(&self, name: &TaskName) -> Option<Registration> {
         let mut state = self.state();
         if state.closed {
+            state.refused += 1;
             drop(state);
-            Counters::add(&self.shared.counters.refused);
             tracing::debug!(task = %name, "spawn refused: supervisor closed");
             return None;
         }
@@ -365,13 +430,12 @@ impl Supervisor {
             name: name.clone(),
             abort: None,
         });
-        Counters::add(&self.shared.counters.spawned);
+        state.spawned += 1;
         Some(Registration {
             shared: Arc::clone(&self.shared),
             key,
             id,
             outcome: Outcome::Aborted,
-            _tracked: self.shared.tracker.token(),
         })
     }
 
@@ -417,7 +481,8 @@ impl Supervisor {
     }
 
     pub(crate) fn count_restart(&self) {
-        Counters::add(&self.shared.counters.restarts);
+        // Relaxed: an independent, increment-only counter.
+        self.shared.restarts.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Records the first escalation, then cancels the supervisor's token.
@@ -465,20 +530,16 @@ pub(crate) struct Registration {
     key: usize,
     id: u64,
     outcome: Outcome,
-    // Dropped after `Drop::drop` has updated the state, so `TaskTracker::wait` can never wake
-    // a drain before the task's outcome is in the drain log.
-    _tracked: TaskTrackerToken,
 }
 
 impl Drop for Registration {
     fn drop(&mut self) {
-        let counters = &self.shared.counters;
-        Counters::add(match self.outcome {
-            Outcome::Finished => &counters.completed,
-            Outcome::Panicked => &counters.panicked,
-            Outcome::Aborted => &counters.aborted,
-        });
         let mut state = self.shared.lock();
+        *match self.outcome {
+            Outcome::Finished => &mut state.completed,
+            Outcome::Panicked => &mut state.panicked,
+            Outcome::Aborted => &mut state.aborted,
+        } += 1;
         let removed = match state.tasks.get(self.key) {
             Some(entry) if entry.id == self.id => Some(state.tasks.remove(self.key)),
             _ => None,
@@ -489,6 +550,12 @@ impl Drop for Registration {
                 Outcome::Panicked => log.panicked.push(entry.name),
                 Outcome::Aborted => log.aborted.push(entry.name),
             }
+        }
+        // The outcome is recorded before any drain waiter can wake.
+        let drained = state.is_drained();
+        drop(state);
+        if drained {
+            self.shared.drained.notify_waiters();
         }
     }
 }

@@ -5,6 +5,30 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 /// When the first run happens.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use taskweave_periodic::{FirstRun, Periodic};
+/// use tokio::time::Instant;
+/// use tokio_util::sync::CancellationToken;
+///
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+/// # async fn main() {
+/// let token = CancellationToken::new();
+/// let started = Instant::now();
+/// let stop = token.clone();
+/// Periodic::new(Duration::from_secs(10))
+///     .with_first_run(FirstRun::Immediately)
+///     .run(token, |_| {
+///         assert_eq!(started.elapsed(), Duration::ZERO); // no wait for the first run
+///         stop.cancel();
+///         async {}
+///     })
+///     .await;
+/// # }
+/// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum FirstRun {
@@ -20,6 +44,36 @@ pub enum FirstRun {
 ///
 /// Neither policy replays missed ticks in a burst, which is what tokio's `interval` does by
 /// default (`MissedTickBehavior::Burst`) and what turns one slow run into a stampede.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use taskweave_periodic::{FirstRun, MissedTicks, Periodic};
+/// use tokio_util::sync::CancellationToken;
+///
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+/// # async fn main() {
+/// let token = CancellationToken::new();
+/// let stop = token.clone();
+/// let mut runs = 0;
+/// let report = Periodic::new(Duration::from_millis(100))
+///     .with_first_run(FirstRun::Immediately)
+///     .with_missed_ticks(MissedTicks::Skip)
+///     .run(token, |_| {
+///         runs += 1;
+///         let slow = runs == 1;
+///         if runs == 2 {
+///             stop.cancel();
+///         }
+///         // The first run takes 350 ms: the ticks at 100, 200 and 300 ms are skipped and
+///         // the second run starts at 400 ms instead of three runs in a row.
+///         tokio::time::sleep(Duration::from_millis(if slow { 350 } else { 1 }))
+///     })
+///     .await;
+/// assert_eq!((report.runs, report.skipped_ticks), (2, 3));
+/// # }
+/// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum MissedTicks {
@@ -33,6 +87,34 @@ pub enum MissedTicks {
 }
 
 /// How the gap between runs is measured.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use taskweave_periodic::{Periodic, Schedule};
+/// use tokio::time::Instant;
+/// use tokio_util::sync::CancellationToken;
+///
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+/// # async fn main() {
+/// let token = CancellationToken::new();
+/// let stop = token.clone();
+/// let origin = Instant::now();
+/// let mut starts = Vec::new();
+/// Periodic::new(Duration::from_millis(100))
+///     .with_schedule(Schedule::FixedGap)
+///     .run(token, |_| {
+///         starts.push(origin.elapsed().as_millis());
+///         if starts.len() == 3 {
+///             stop.cancel();
+///         }
+///         tokio::time::sleep(Duration::from_millis(50)) // each run takes 50 ms
+///     })
+///     .await;
+/// assert_eq!(starts, [100, 250, 400]); // 100 ms from the end of one run to the next
+/// # }
+/// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Schedule {
