@@ -57,6 +57,7 @@ where
     CatchPanic {
         name: name.into(),
         done: false,
+        log: true,
         future,
     }
 }
@@ -67,6 +68,7 @@ pin_project! {
     pub struct CatchPanic<F> {
         name: TaskName,
         done: bool,
+        log: bool,
         #[pin]
         future: F,
     }
@@ -77,6 +79,28 @@ impl<F> CatchPanic<F> {
     #[must_use]
     pub fn name(&self) -> &TaskName {
         &self.name
+    }
+
+    /// Does not log the panic: the caller takes over that duty, typically to log it with
+    /// context the name cannot carry cheaply (a job's index). A caught panic that is neither
+    /// logged here nor by the caller is a silent panic, which this crate exists to prevent.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use taskweave_supervise::catch_panic;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// let job = 17;
+    /// if let Err(panic) = catch_panic("job", async { panic!("bad input") }).without_logging().await {
+    ///     eprintln!("job {job}: {panic}"); // the caller's own report
+    /// }
+    /// # }
+    /// ```
+    pub fn without_logging(mut self) -> Self {
+        self.log = false;
+        self
     }
 }
 
@@ -101,6 +125,9 @@ impl<F: Future> Future for CatchPanic<F> {
             Err(payload) => {
                 *this.done = true;
                 let error = panic_error(this.name.clone(), payload.as_ref());
+                if !*this.log {
+                    return Poll::Ready(Err(error));
+                }
                 tracing::error!(
                     task = %error.name,
                     panic = %error.message,

@@ -9,6 +9,7 @@
 //! |---|---|---|
 //! | [`supervise`] | `taskweave-supervise` | panic-capturing spawn, supervisor with drain and restarts |
 //! | [`periodic`] | `taskweave-periodic` | periodic jobs without bursts or overlap |
+//! | [`pool`] | `taskweave-pool` | batch runner and long-lived worker pool |
 //!
 //! # Example
 //!
@@ -29,3 +30,7 @@ pub use taskweave_supervise as supervise;
 #[cfg(feature = "periodic")]
 #[doc(inline)]
 pub use taskweave_periodic as periodic;
+
+#[cfg(feature = "pool")]
+#[doc(inline)]
+pub use taskweave_pool as pool;

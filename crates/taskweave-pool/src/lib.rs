@@ -1,0 +1,40 @@
+//! Worker pools on tokio: process jobs on at most N concurrent workers, collect every result
+//! and error, apply the backpressure you choose, and stop without losing anything.
+//!
+//! - [`run`]: a batch runner for a finite set of jobs; returns a [`BatchReport`] with every
+//!   result tagged with its index, and the jobs that never started if the token was cancelled.
+//! - [`WorkerPool`]: a long-lived pool with a bounded queue and an [`Overflow`] policy (block,
+//!   reject, drop-oldest), panic isolation, an idempotent draining [`close`](WorkerPool::close),
+//!   a [`close_within`](WorkerPool::close_within) deadline that hands back unstarted jobs, an
+//!   optional [`Results`] stream, and [`PoolMetrics`].
+//!
+//! # Example
+//!
+//! ```
+//! use taskweave_pool::{SubmitError, WorkerPool};
+//! use tokio_util::sync::CancellationToken;
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() {
+//! let token = CancellationToken::new();
+//! let pool = WorkerPool::new(token.clone(), 4, 64, |_job_token, order_id: u64| async move {
+//!     // charge the card, write the row …
+//!     Ok::<_, String>(order_id)
+//! });
+//! for order_id in 0..10 {
+//!     pool.submit(&token, order_id).await.unwrap();
+//! }
+//! let report = pool.close().await;
+//! assert_eq!(report.metrics.completed, 10);
+//! assert!(report.handed_back.is_empty());
+//! assert!(matches!(pool.submit(&token, 11).await, Err(SubmitError::Closed(11))));
+//! # }
+//! ```
+
+mod batch;
+mod error;
+mod pool;
+
+pub use batch::{BatchReport, run};
+pub use error::{JobError, JobResult, SubmitError, TrySubmitError};
+pub use pool::{CloseReport, Overflow, PoolMetrics, Results, WorkerPool, WorkerPoolBuilder};

@@ -1,0 +1,154 @@
+//! `WorkerPoolBuilder`: the settings of a worker pool, and `spawn`.
+
+use std::fmt;
+use std::future::Future;
+use std::sync::Arc;
+
+use taskweave_supervise::TaskName;
+use tokio_util::sync::CancellationToken;
+
+use crate::WorkerPool;
+
+/// What [`WorkerPool::submit`](crate::WorkerPool::submit) does when the queue is full.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Overflow {
+    /// Wait for space (backpressure on the submitter). The default.
+    #[default]
+    Block,
+    /// Refuse at once with [`SubmitError::Full`](crate::SubmitError::Full), handing the job
+    /// back (the seed's "queue full → answer 429").
+    Reject,
+    /// Accept the new job and drop the oldest queued one: counted in
+    /// [`PoolMetrics::dropped`](crate::PoolMetrics::dropped) and handed to the
+    /// [`on_dropped`](WorkerPoolBuilder::on_dropped) callback. For "latest value wins" work.
+    DropOldest,
+}
+
+pub(crate) type DropHook<J> = Arc<dyn Fn(u64, J) + Send + Sync>;
+
+/// Settings for a [`WorkerPool`]; [`spawn`](Self::spawn) starts it.
+///
+/// # Examples
+///
+/// ```
+/// use std::sync::{Arc, Mutex};
+/// use taskweave_pool::{Overflow, WorkerPool};
+/// use tokio_util::sync::CancellationToken;
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// let dropped = Arc::new(Mutex::new(Vec::new()));
+/// let sink = Arc::clone(&dropped);
+/// let pool = WorkerPool::builder(1, 2)
+///     .name("thumbnailer")
+///     .overflow(Overflow::DropOldest)
+///     .on_dropped(move |index, job: u32| sink.lock().unwrap().push((index, job)))
+///     .spawn(CancellationToken::new(), |_token, job: u32| async move { Ok::<_, String>(job) });
+/// // Nothing runs until this task yields, so the queue of two overflows on the third job.
+/// for job in [10, 20, 30] {
+///     pool.try_submit(job).unwrap();
+/// }
+/// assert_eq!(*dropped.lock().unwrap(), [(0, 10)]);
+/// let report = pool.close().await;
+/// assert_eq!((report.metrics.completed, report.metrics.dropped), (2, 1));
+/// # }
+/// ```
+pub struct WorkerPoolBuilder<J> {
+    pub(crate) name: TaskName,
+    pub(crate) workers: usize,
+    pub(crate) capacity: usize,
+    pub(crate) overflow: Overflow,
+    pub(crate) on_dropped: Option<DropHook<J>>,
+    pub(crate) results: Option<usize>,
+}
+
+impl<J> WorkerPoolBuilder<J> {
+    pub(crate) fn new(workers: usize, capacity: usize) -> Self {
+        assert!(workers > 0, "WorkerPool: workers must be greater than zero");
+        assert!(
+            capacity > 0,
+            "WorkerPool: queue capacity must be greater than zero"
+        );
+        WorkerPoolBuilder {
+            name: TaskName::from("pool"),
+            workers,
+            capacity,
+            overflow: Overflow::default(),
+            on_dropped: None,
+            results: None,
+        }
+    }
+
+    /// Names the pool in logs and in its workers' task names (`NAME-worker-3`).
+    #[must_use]
+    pub fn name(mut self, name: impl Into<TaskName>) -> Self {
+        self.name = name.into();
+        self
+    }
+
+    /// Chooses what happens when the queue is full.
+    #[must_use]
+    pub fn overflow(mut self, overflow: Overflow) -> Self {
+        self.overflow = overflow;
+        self
+    }
+
+    /// Called with `(index, job)` for every job dropped by [`Overflow::DropOldest`], on the
+    /// submitter's task, so the caller can log or persist it. Keep it short; it must not
+    /// block.
+    #[must_use]
+    pub fn on_dropped(mut self, on_dropped: impl Fn(u64, J) + Send + Sync + 'static) -> Self {
+        self.on_dropped = Some(Arc::new(on_dropped));
+        self
+    }
+
+    /// Enables [`WorkerPool::results`](crate::WorkerPool::results), a stream of outcomes
+    /// buffered up to `capacity`; when it is full, workers wait for the consumer.
+    ///
+    /// # Panics
+    ///
+    /// Panics if `capacity` is zero.
+    #[must_use]
+    pub fn results(mut self, capacity: usize) -> Self {
+        assert!(
+            capacity > 0,
+            "WorkerPool: results capacity must be greater than zero"
+        );
+        self.results = Some(capacity);
+        self
+    }
+
+    /// Starts the pool: spawns its workers (through `taskweave-supervise`) and returns it.
+    ///
+    /// `handler` is called with a child of the pool's token and the job. The pool's token is a
+    /// child of `token`: cancelling `token` stops intake and hands the queued jobs back at
+    /// `close`.
+    ///
+    /// # Panics
+    ///
+    /// Panics when called outside a tokio runtime.
+    pub fn spawn<R, E, H, Fut>(self, token: CancellationToken, handler: H) -> WorkerPool<J, R, E>
+    where
+        J: Send + 'static,
+        R: Send + 'static,
+        E: fmt::Display + Send + 'static,
+        H: Fn(CancellationToken, J) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<R, E>> + Send + 'static,
+    {
+        WorkerPool::start(self, token, handler)
+    }
+}
+
+impl<J> fmt::Debug for WorkerPoolBuilder<J> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("WorkerPoolBuilder")
+            .field("name", &self.name)
+            .field("workers", &self.workers)
+            .field("capacity", &self.capacity)
+            .field("overflow", &self.overflow)
+            .field("on_dropped", &self.on_dropped.is_some())
+            .field("results", &self.results)
+            .finish()
+    }
+}

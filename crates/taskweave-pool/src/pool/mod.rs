@@ -1,0 +1,519 @@
+//! `WorkerPool`: a long-lived pool of workers fed through a bounded queue.
+
+mod builder;
+mod metrics;
+mod results;
+mod worker;
+
+use std::fmt;
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use async_channel::TrySendError;
+use taskweave_supervise::{PanicError, Supervisor, TaskName};
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+pub use builder::{Overflow, WorkerPoolBuilder};
+pub use metrics::{CloseReport, PoolMetrics};
+pub use results::Results;
+
+use crate::{SubmitError, TrySubmitError};
+use builder::DropHook;
+use metrics::Counters;
+
+/// A fixed number of workers processing jobs from a bounded queue, for the life of a service.
+///
+/// - [`submit`](Self::submit) waits for queue space (or drops the oldest job, or refuses,
+///   per [`Overflow`]); [`try_submit`](Self::try_submit) never waits and hands the job back
+///   when the queue is full or the pool closed.
+/// - A handler that fails is counted; one that panics is caught, logged with the job's index
+///   and backtrace, and counted; its worker keeps serving, so the pool never shrinks.
+/// - [`close`](Self::close) is idempotent: intake stops, queued jobs finish, and it resolves
+///   when every worker has exited. [`close_within`](Self::close_within) does the same until a
+///   deadline, then cancels the running handlers' token and hands back every job that never
+///   started. Cancelling the pool's token stops intake the same way.
+/// - [`results`](Self::results) (when enabled) streams `(index, outcome)` in completion order.
+/// - Nothing is lost silently: every accepted job is completed, failed, panicked, dropped (and
+///   handed to the `on_dropped` callback) or handed back (see [`PoolMetrics`]).
+///
+/// Jobs run on the pool's own worker tasks, so a submitter that awaits something else never
+/// stalls them (unlike `buffer_unordered`, whose futures only progress while the stream is
+/// polled). `WorkerPool` is a cheap handle: clones share the pool, and when the last clone is
+/// dropped the queue closes and the workers exit after draining it.
+///
+/// # Choosing the sizes
+///
+/// `workers` bounds the concurrency the downstream sees (database connections, CPU cores).
+/// `capacity` bounds the jobs accepted but not started: the latency a new job may wait is
+/// about `capacity / throughput`; past that, backpressure (or a 429) is the honest answer.
+///
+/// # Examples
+///
+/// ```
+/// use taskweave_pool::{TrySubmitError, WorkerPool};
+/// use tokio_util::sync::CancellationToken;
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// let pool = WorkerPool::new(CancellationToken::new(), 2, 1, |_token, order: u32| async move {
+///     Ok::<_, String>(order * 10)
+/// });
+/// let index = pool.try_submit(7).unwrap();
+/// assert_eq!(index, 0);
+/// // The queue holds one job and no worker has run yet: the caller answers 429.
+/// assert!(matches!(pool.try_submit(8), Err(TrySubmitError::Full(8))));
+/// let report = pool.close().await;
+/// assert_eq!(report.metrics.completed, 1);
+/// assert!(matches!(pool.try_submit(9), Err(TrySubmitError::Closed(9))));
+/// # }
+/// ```
+pub struct WorkerPool<J, R, E> {
+    handle: Arc<Handle<J, R, E>>,
+}
+
+/// The user-facing side: dropping the last one closes the queue.
+struct Handle<J, R, E> {
+    shared: Arc<Shared<J, R, E>>,
+}
+
+pub(crate) struct Shared<J, R, E> {
+    pub(crate) name: TaskName,
+    pub(crate) overflow: Overflow,
+    queue_tx: async_channel::Sender<(u64, J)>,
+    /// The pool keeps a receiver of its own to drop the oldest job and to hand jobs back.
+    pub(crate) queue_rx: async_channel::Receiver<(u64, J)>,
+    on_dropped: Option<DropHook<J>>,
+    /// The pool's token: a child of the caller's; the workers' handlers get clones of it.
+    pub(crate) token: CancellationToken,
+    /// Wakes submitters blocked on a full queue: a worker took a job, or the pool closed.
+    pub(crate) space: Notify,
+    next_index: AtomicU64,
+    pub(crate) counters: Counters,
+    workers: Supervisor,
+    results: Mutex<Option<Results<R, E>>>,
+}
+
+impl<J, R, E> Shared<J, R, E> {
+    /// Closes the queue (idempotent) and wakes every blocked submitter to see it.
+    pub(crate) fn close_queue(&self) -> bool {
+        let closed_now = self.queue_tx.close();
+        self.space.notify_waiters();
+        closed_now
+    }
+}
+
+impl WorkerPool<(), (), ()> {
+    /// Settings for a pool of `workers` workers and a queue of `capacity` jobs.
+    ///
+    /// # Panics
+    ///
+    /// Panics if `workers` or `capacity` is zero.
+    #[must_use]
+    pub fn builder<J>(workers: usize, capacity: usize) -> WorkerPoolBuilder<J> {
+        WorkerPoolBuilder::new(workers, capacity)
+    }
+}
+
+impl<J, R, E> WorkerPool<J, R, E>
+where
+    J: Send + 'static,
+    R: Send + 'static,
+    E: fmt::Display + Send + 'static,
+{
+    /// Starts a pool of `workers` workers and a queue of `capacity` jobs with the default
+    /// settings (blocking overflow, no results stream). See [`WorkerPool::builder`] for the
+    /// others.
+    ///
+    /// # Panics
+    ///
+    /// Panics if `workers` or `capacity` is zero, or when called outside a tokio runtime.
+    pub fn new<H, Fut>(
+        token: CancellationToken,
+        workers: usize,
+        capacity: usize,
+        handler: H,
+    ) -> Self
+    where
+        H: Fn(CancellationToken, J) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<R, E>> + Send + 'static,
+    {
+        WorkerPoolBuilder::new(workers, capacity).spawn(token, handler)
+    }
+
+    pub(crate) fn start<H, Fut>(
+        settings: WorkerPoolBuilder<J>,
+        token: CancellationToken,
+        handler: H,
+    ) -> Self
+    where
+        H: Fn(CancellationToken, J) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<R, E>> + Send + 'static,
+    {
+        let (queue_tx, queue_rx) = async_channel::bounded(settings.capacity);
+        let (results_tx, results) = match settings.results {
+            Some(capacity) => {
+                let (tx, rx) = tokio::sync::mpsc::channel(capacity);
+                (Some(tx), Some(Results::new(rx)))
+            }
+            None => (None, None),
+        };
+        let token = token.child_token();
+        let shared = Arc::new(Shared {
+            name: settings.name,
+            overflow: settings.overflow,
+            queue_tx,
+            queue_rx,
+            on_dropped: settings.on_dropped,
+            workers: Supervisor::new(token.clone()),
+            token,
+            space: Notify::new(),
+            next_index: AtomicU64::new(0),
+            counters: Counters::default(),
+            results: Mutex::new(results),
+        });
+        let handler = Arc::new(handler);
+        Counters::add(&shared.counters.workers_alive, settings.workers as u64);
+        for worker in 0..settings.workers {
+            let task = worker::work(
+                Arc::clone(&shared),
+                Arc::clone(&handler),
+                results_tx.clone(),
+            );
+            let name = format!("{}-worker-{worker}", shared.name);
+            if shared.workers.spawn(name, task).is_err() {
+                unreachable!("a new supervisor is open");
+            }
+        }
+        shared.workers.close();
+        tracing::debug!(pool = %shared.name, workers = settings.workers, capacity = settings.capacity, "worker pool started");
+        WorkerPool {
+            handle: Arc::new(Handle { shared }),
+        }
+    }
+
+    /// Queues `job`, waiting for space when the queue is full and the policy is
+    /// [`Overflow::Block`]. Returns the job's index (acceptance order; a refused submission
+    /// may leave a gap).
+    ///
+    /// With [`Overflow::Reject`] a full queue refuses at once; with [`Overflow::DropOldest`]
+    /// the oldest queued job makes room.
+    ///
+    /// # Errors
+    ///
+    /// The job is handed back in every case: [`SubmitError::Full`] (reject policy),
+    /// [`SubmitError::Closed`] (the pool is closed or its token cancelled, also while
+    /// waiting), [`SubmitError::Cancelled`] (`token` was cancelled while waiting for space).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe in the sense that matters: if the future is dropped before it completes,
+    /// the job was not queued (it is dropped with the future). To keep the job on
+    /// cancellation, pass the token instead: `Cancelled(job)` hands it back.
+    pub async fn submit(&self, token: &CancellationToken, job: J) -> Result<u64, SubmitError<J>> {
+        let shared = &self.handle.shared;
+        let index = shared.next_index.fetch_add(1, Ordering::Relaxed);
+        let mut item = match self.enqueue((index, job)) {
+            Ok(()) => return Ok(index),
+            Err(Refused::Closed(item)) => return Err(SubmitError::Closed(item.1)),
+            Err(Refused::Full(item)) if shared.overflow == Overflow::Reject => {
+                Counters::add(&shared.counters.rejected, 1);
+                return Err(SubmitError::Full(item.1));
+            }
+            Err(Refused::Full(item)) => item,
+        };
+        loop {
+            let notified = shared.space.notified();
+            let mut notified = std::pin::pin!(notified);
+            // Registered before the retry, so a slot freed right after it still wakes us.
+            notified.as_mut().enable();
+            item = match self.enqueue(item) {
+                Ok(()) => return Ok(index),
+                Err(Refused::Closed(item)) => return Err(SubmitError::Closed(item.1)),
+                Err(Refused::Full(item)) => item,
+            };
+            tokio::select! {
+                biased;
+                () = token.cancelled() => return Err(SubmitError::Cancelled(item.1)),
+                () = shared.token.cancelled() => {
+                    Counters::add(&shared.counters.rejected, 1);
+                    return Err(SubmitError::Closed(item.1));
+                }
+                () = notified => {}
+            }
+        }
+    }
+
+    /// Queues `job` if that is possible without waiting. Returns the job's index.
+    ///
+    /// With [`Overflow::DropOldest`] a full queue drops its oldest job instead of refusing.
+    ///
+    /// # Errors
+    ///
+    /// [`TrySubmitError::Full`] with the job when the queue is full, or
+    /// [`TrySubmitError::Closed`] when the pool is closed.
+    pub fn try_submit(&self, job: J) -> Result<u64, TrySubmitError<J>> {
+        let shared = &self.handle.shared;
+        let index = shared.next_index.fetch_add(1, Ordering::Relaxed);
+        match self.enqueue((index, job)) {
+            Ok(()) => Ok(index),
+            Err(Refused::Closed(item)) => Err(TrySubmitError::Closed(item.1)),
+            Err(Refused::Full(item)) => {
+                Counters::add(&shared.counters.rejected, 1);
+                Err(TrySubmitError::Full(item.1))
+            }
+        }
+    }
+
+    /// One attempt to queue, applying the drop-oldest policy; counts acceptance and closure.
+    fn enqueue(&self, mut item: (u64, J)) -> Result<(), Refused<J>> {
+        let shared = &self.handle.shared;
+        loop {
+            match shared.queue_tx.try_send(item) {
+                Ok(()) => {
+                    Counters::add(&shared.counters.submitted, 1);
+                    return Ok(());
+                }
+                Err(TrySendError::Closed(refused)) => {
+                    Counters::add(&shared.counters.rejected, 1);
+                    return Err(Refused::Closed(refused));
+                }
+                Err(TrySendError::Full(refused)) if shared.overflow == Overflow::DropOldest => {
+                    item = refused;
+                    // A worker may take the oldest first; then the next try finds space.
+                    if let Ok((dropped_index, dropped)) = shared.queue_rx.try_recv() {
+                        Counters::add(&shared.counters.dropped, 1);
+                        tracing::debug!(pool = %shared.name, job = dropped_index, "queue full: oldest job dropped");
+                        if let Some(on_dropped) = &shared.on_dropped {
+                            on_dropped(dropped_index, dropped);
+                        }
+                    }
+                }
+                Err(TrySendError::Full(refused)) => return Err(Refused::Full(refused)),
+            }
+        }
+    }
+
+    /// Takes the results stream, if it was enabled with
+    /// [`WorkerPoolBuilder::results`] and not taken yet.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use futures::StreamExt;
+    /// use taskweave_pool::WorkerPool;
+    /// use tokio_util::sync::CancellationToken;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// let pool = WorkerPool::builder(2, 8)
+    ///     .results(8)
+    ///     .spawn(CancellationToken::new(), |_token, n: u64| async move {
+    ///         if n == 2 { Err("odd input") } else { Ok(n * n) }
+    ///     });
+    /// let mut results = pool.results().unwrap();
+    /// assert!(pool.results().is_none()); // taken once
+    /// for n in 1..=3 {
+    ///     pool.try_submit(n).unwrap();
+    /// }
+    /// pool.close().await;
+    /// let mut outcomes: Vec<_> = results.collect().await;
+    /// outcomes.sort_by_key(|(index, _)| *index);
+    /// assert_eq!(outcomes[0].1.as_ref().unwrap(), &1);
+    /// assert!(outcomes[1].1.is_err());
+    /// assert_eq!(outcomes.len(), 3);
+    /// # }
+    /// ```
+    #[must_use]
+    pub fn results(&self) -> Option<Results<R, E>> {
+        self.handle
+            .shared
+            .results
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
+    }
+
+    /// Stops intake, lets the queued jobs finish, and resolves when every worker has exited.
+    ///
+    /// Idempotent: every call waits for the same end; the handed-back jobs (only when the
+    /// token was cancelled) go to the first call that collects them.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: dropping the future leaves the pool closed and draining; call again to
+    /// wait.
+    pub async fn close(&self) -> CloseReport<J> {
+        self.stop_intake();
+        let shared = &self.handle.shared;
+        shared.workers.wait().await;
+        self.finish(0, false)
+    }
+
+    /// Like [`close`](Self::close), but when `deadline` passes first, cancels the pool's token
+    /// (so running handlers see it and no queued job starts), waits for the running handlers
+    /// to return, and hands back every job that never started.
+    ///
+    /// Handlers are expected to honour their token: one that ignores it delays this call past
+    /// the deadline until it returns.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use taskweave_pool::WorkerPool;
+    /// use tokio_util::sync::CancellationToken;
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() {
+    /// let pool = WorkerPool::new(CancellationToken::new(), 1, 10, |token, _job: u32| async move {
+    ///     tokio::select! {
+    ///         () = token.cancelled() => Err("interrupted"),
+    ///         () = tokio::time::sleep(Duration::from_secs(1)) => Ok(()),
+    ///     }
+    /// });
+    /// for job in 0..5 {
+    ///     pool.try_submit(job).unwrap();
+    /// }
+    /// let report = pool.close_within(Duration::from_millis(2500)).await;
+    /// assert!(report.deadline_expired);
+    /// assert_eq!(report.metrics.completed, 2); // jobs 0 and 1
+    /// assert_eq!(report.interrupted, 1); // job 2 saw its token cancelled
+    /// assert_eq!(report.handed_back.iter().map(|(_, job)| *job).collect::<Vec<_>>(), [3, 4]);
+    /// # }
+    /// ```
+    ///
+    /// # Panics
+    ///
+    /// Panics if `deadline` is zero.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future before the deadline leaves the pool closed and draining, with the
+    /// deadline not applied.
+    pub async fn close_within(&self, deadline: Duration) -> CloseReport<J> {
+        assert!(
+            !deadline.is_zero(),
+            "WorkerPool::close_within: deadline must be greater than zero"
+        );
+        self.stop_intake();
+        let shared = &self.handle.shared;
+        let drained = tokio::time::timeout(deadline, shared.workers.wait()).await;
+        if drained.is_ok() {
+            return self.finish(0, false);
+        }
+        let interrupted = self.metrics().in_flight;
+        tracing::warn!(pool = %shared.name, ?deadline, interrupted, "close deadline passed: cancelling handlers");
+        shared.token.cancel();
+        shared.workers.wait().await;
+        self.finish(interrupted, true)
+    }
+
+    fn stop_intake(&self) {
+        let shared = &self.handle.shared;
+        if shared.close_queue() {
+            tracing::debug!(pool = %shared.name, "worker pool closing");
+        }
+    }
+
+    /// Hands back what is still queued (only after a cancellation) and reports.
+    fn finish(&self, interrupted: u64, deadline_expired: bool) -> CloseReport<J> {
+        let shared = &self.handle.shared;
+        let mut handed_back = Vec::new();
+        while let Ok(item) = shared.queue_rx.try_recv() {
+            handed_back.push(item);
+        }
+        Counters::add(&shared.counters.handed_back, handed_back.len() as u64);
+        CloseReport {
+            handed_back,
+            interrupted,
+            deadline_expired,
+            metrics: self.metrics(),
+        }
+    }
+}
+
+impl<J, R, E> WorkerPool<J, R, E> {
+    /// A snapshot of the pool's counters and gauges.
+    #[must_use]
+    pub fn metrics(&self) -> PoolMetrics {
+        let shared = &self.handle.shared;
+        shared.counters.snapshot(shared.queue_tx.len())
+    }
+
+    /// Jobs waiting in the queue.
+    #[must_use]
+    pub fn len(&self) -> usize {
+        self.handle.shared.queue_tx.len()
+    }
+
+    /// `true` when no job is waiting in the queue.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Handlers running now.
+    #[must_use]
+    pub fn in_flight(&self) -> u64 {
+        self.metrics().in_flight
+    }
+
+    /// `true` once the pool accepts no more jobs (closed, or its token cancelled and its
+    /// workers gone).
+    #[must_use]
+    pub fn is_closed(&self) -> bool {
+        self.handle.shared.queue_tx.is_closed()
+    }
+
+    /// The pool's token; cancelled by a passed `close_within` deadline or by its parent.
+    #[must_use]
+    pub fn token(&self) -> CancellationToken {
+        self.handle.shared.token.clone()
+    }
+}
+
+impl<J, R, E> Clone for WorkerPool<J, R, E> {
+    fn clone(&self) -> Self {
+        WorkerPool {
+            handle: Arc::clone(&self.handle),
+        }
+    }
+}
+
+impl<J, R, E> Drop for Handle<J, R, E> {
+    fn drop(&mut self) {
+        // The last handle is gone: nobody can submit or close any more. Closing the queue lets
+        // the workers drain it and exit, so no task outlives its pool.
+        self.shared.close_queue();
+    }
+}
+
+impl<J, R, E> fmt::Debug for WorkerPool<J, R, E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("WorkerPool")
+            .field("name", &self.handle.shared.name)
+            .field("overflow", &self.handle.shared.overflow)
+            .field("metrics", &self.metrics())
+            .finish_non_exhaustive()
+    }
+}
+
+enum Refused<J> {
+    Full((u64, J)),
+    Closed((u64, J)),
+}
+
+/// Logs a caught handler panic with the pool's name and the job's index.
+pub(crate) fn log_panic(pool: &str, index: u64, panic: &PanicError) {
+    tracing::error!(
+        pool,
+        job = index,
+        panic = %panic.message(),
+        location = panic.location().unwrap_or("unknown"),
+        backtrace = %panic.backtrace(),
+        "job panicked"
+    );
+}

@@ -1,0 +1,135 @@
+//! The pool's accounting invariant over random outcomes, policies and close points.
+
+use std::time::Duration;
+
+use proptest::prelude::*;
+use taskweave_pool::{Overflow, PoolMetrics, WorkerPool};
+use tokio_util::sync::CancellationToken;
+
+use crate::support::{alive_tasks, assert_no_leaked_tasks};
+
+#[derive(Clone, Copy, Debug)]
+enum Outcome {
+    Ok,
+    Error,
+    Panic,
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Stop {
+    Close,
+    CloseWithin(u64),
+    CancelThenClose(u64),
+}
+
+fn outcome() -> impl Strategy<Value = (Outcome, u64)> {
+    (
+        prop_oneof![
+            Just(Outcome::Ok),
+            Just(Outcome::Error),
+            Just(Outcome::Panic)
+        ],
+        0_u64..30,
+    )
+}
+
+fn stop() -> impl Strategy<Value = Stop> {
+    prop_oneof![
+        Just(Stop::Close),
+        (1_u64..200).prop_map(Stop::CloseWithin),
+        (0_u64..200).prop_map(Stop::CancelThenClose),
+    ]
+}
+
+fn policy() -> impl Strategy<Value = Overflow> {
+    prop_oneof![
+        Just(Overflow::Block),
+        Just(Overflow::Reject),
+        Just(Overflow::DropOldest)
+    ]
+}
+
+fn simulate(
+    jobs: Vec<(Outcome, u64)>,
+    overflow: Overflow,
+    workers: usize,
+    capacity: usize,
+    stop: Stop,
+) -> (PoolMetrics, usize, u64) {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .unwrap();
+    runtime.block_on(async move {
+        let baseline = alive_tasks();
+        let parent = CancellationToken::new();
+        let pool = WorkerPool::builder(workers, capacity)
+            .overflow(overflow)
+            .spawn(
+                parent.clone(),
+                |token, (outcome, ms): (Outcome, u64)| async move {
+                    tokio::select! {
+                        () = token.cancelled() => return Err("interrupted".to_owned()),
+                        () = tokio::time::sleep(Duration::from_millis(ms)) => {}
+                    }
+                    match outcome {
+                        Outcome::Ok => Ok(ms),
+                        Outcome::Error => Err("planned".to_owned()),
+                        Outcome::Panic => panic!("planned panic"),
+                    }
+                },
+            );
+        let submitter = CancellationToken::new();
+        let mut refused = 0_u64;
+        for job in jobs {
+            if pool.submit(&submitter, job).await.is_err() {
+                refused += 1;
+            }
+        }
+        let report = match stop {
+            Stop::Close => pool.close().await,
+            Stop::CloseWithin(ms) => pool.close_within(Duration::from_millis(ms)).await,
+            Stop::CancelThenClose(ms) => {
+                tokio::time::sleep(Duration::from_millis(ms)).await;
+                parent.cancel();
+                pool.close().await
+            }
+        };
+        drop(pool);
+        assert_no_leaked_tasks(baseline).await;
+        (report.metrics, report.handed_back.len(), refused)
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(96))]
+
+    // Every accepted job is completed, failed, panicked, dropped or handed back, and nothing
+    // else; every refused submission is counted as rejected; no task outlives the pool.
+    #[test]
+    fn every_accepted_job_is_accounted_for_exactly_once(
+        jobs in proptest::collection::vec(outcome(), 0..40),
+        overflow in policy(),
+        workers in 1_usize..4,
+        capacity in 1_usize..6,
+        stop in stop(),
+    ) {
+        let total = jobs.len() as u64;
+        let (m, handed_back, refused) = simulate(jobs, overflow, workers, capacity, stop);
+        prop_assert_eq!(m.submitted + refused, total);
+        prop_assert_eq!(m.rejected, refused);
+        prop_assert_eq!(
+            m.submitted,
+            m.completed + m.failed + m.panicked + m.dropped + m.handed_back
+        );
+        prop_assert_eq!(m.handed_back, handed_back as u64);
+        prop_assert_eq!((m.queued, m.in_flight, m.workers_alive), (0, 0, 0));
+        if overflow != Overflow::DropOldest {
+            prop_assert_eq!(m.dropped, 0);
+        }
+        if overflow != Overflow::Reject {
+            prop_assert_eq!(refused, 0);
+        }
+    }
+}

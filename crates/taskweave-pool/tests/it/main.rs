@@ -1,0 +1,10 @@
+//! Integration tests of taskweave-pool, one module per concept.
+
+mod accounting;
+mod auto_traits;
+mod batch;
+mod close;
+mod panics;
+mod results;
+mod submit;
+mod support;

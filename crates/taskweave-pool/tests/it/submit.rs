@@ -1,0 +1,226 @@
+//! Submitting: backpressure, refusal, drop-oldest, and the job always handed back.
+
+use std::sync::{Arc, Mutex};
+
+use taskweave_pool::{Overflow, SubmitError, TrySubmitError, WorkerPool};
+use tokio_test::{assert_pending, assert_ready};
+use tokio_util::sync::CancellationToken;
+
+use crate::support::Gate;
+
+/// A pool of one worker and a queue of one, whose handler waits at `gate`.
+fn gated_pool(overflow: Overflow, gate: &Gate) -> WorkerPool<u32, u32, String> {
+    let gate = gate.clone();
+    WorkerPool::builder(1, 1).overflow(overflow).spawn(
+        CancellationToken::new(),
+        move |_token, job: u32| {
+            let gate = gate.clone();
+            async move {
+                gate.pass().await;
+                Ok(job)
+            }
+        },
+    )
+}
+
+/// Lets the worker take the first job, so the queue is empty and the worker busy.
+async fn occupy_worker(pool: &WorkerPool<u32, u32, String>) {
+    pool.try_submit(0).unwrap();
+    while pool.in_flight() == 0 {
+        tokio::task::yield_now().await;
+    }
+}
+
+#[tokio::test]
+async fn full_queue_blocks_submit_until_a_worker_frees_a_slot() {
+    let gate = Gate::closed();
+    let pool = gated_pool(Overflow::Block, &gate);
+    let token = CancellationToken::new();
+    occupy_worker(&pool).await;
+    pool.try_submit(1).unwrap();
+    assert_eq!(pool.len(), 1);
+
+    let mut submit = tokio_test::task::spawn(pool.submit(&token, 2));
+    assert_pending!(submit.poll());
+    assert_pending!(submit.poll(), "still full: the worker is busy");
+
+    gate.open(1); // job 0 ends; the worker takes job 1 and frees the slot
+    while pool.len() == 1 {
+        tokio::task::yield_now().await;
+    }
+    assert!(
+        submit.is_woken(),
+        "freeing a slot wakes the blocked submitter"
+    );
+    assert_eq!(assert_ready!(submit.poll()).unwrap(), 2);
+    drop(submit);
+
+    gate.open(2);
+    let report = pool.close().await;
+    assert_eq!(report.metrics.completed, 3);
+}
+
+#[tokio::test]
+async fn cancelling_the_callers_token_hands_the_job_back() {
+    let gate = Gate::closed();
+    let pool = gated_pool(Overflow::Block, &gate);
+    occupy_worker(&pool).await;
+    pool.try_submit(1).unwrap();
+    let token = CancellationToken::new();
+    let mut submit = tokio_test::task::spawn(pool.submit(&token, 2));
+    assert_pending!(submit.poll());
+    token.cancel();
+    assert!(submit.is_woken());
+    assert_eq!(assert_ready!(submit.poll()), Err(SubmitError::Cancelled(2)));
+    drop(submit);
+    gate.open(2);
+    assert_eq!(pool.close().await.metrics.submitted, 2);
+}
+
+#[tokio::test]
+async fn closing_the_pool_wakes_a_blocked_submitter_with_closed() {
+    let gate = Gate::closed();
+    let pool = gated_pool(Overflow::Block, &gate);
+    occupy_worker(&pool).await;
+    pool.try_submit(1).unwrap();
+    let token = CancellationToken::new();
+    let mut submit = tokio_test::task::spawn(pool.submit(&token, 2));
+    assert_pending!(submit.poll());
+    let closer = pool.clone();
+    let mut close = tokio_test::task::spawn(async move { closer.close().await });
+    assert_pending!(close.poll());
+    assert!(submit.is_woken());
+    assert_eq!(assert_ready!(submit.poll()), Err(SubmitError::Closed(2)));
+    gate.open(2);
+    let report = close.await;
+    assert_eq!(report.metrics.completed, 2);
+    assert_eq!(report.metrics.rejected, 1);
+}
+
+#[tokio::test]
+async fn cancelling_the_pools_token_wakes_a_blocked_submitter_with_closed() {
+    let gate = Gate::closed();
+    let parent = CancellationToken::new();
+    let pool = WorkerPool::builder(1, 1).spawn(parent.clone(), {
+        let gate = gate.clone();
+        move |_token, job: u32| {
+            let gate = gate.clone();
+            async move {
+                gate.pass().await;
+                Ok::<_, String>(job)
+            }
+        }
+    });
+    pool.try_submit(0).unwrap();
+    while pool.in_flight() == 0 {
+        tokio::task::yield_now().await;
+    }
+    pool.try_submit(1).unwrap();
+    let caller = CancellationToken::new();
+    let mut submit = tokio_test::task::spawn(pool.submit(&caller, 2));
+    assert_pending!(submit.poll());
+    parent.cancel();
+    assert_eq!(assert_ready!(submit.poll()), Err(SubmitError::Closed(2)));
+}
+
+#[tokio::test]
+async fn reject_policy_refuses_a_full_queue_at_once() {
+    let gate = Gate::closed();
+    let pool = gated_pool(Overflow::Reject, &gate);
+    occupy_worker(&pool).await;
+    pool.try_submit(1).unwrap();
+    let token = CancellationToken::new();
+    assert_eq!(pool.submit(&token, 2).await, Err(SubmitError::Full(2)));
+    assert_eq!(pool.try_submit(3), Err(TrySubmitError::Full(3)));
+    assert_eq!(pool.metrics().rejected, 2);
+    gate.open(2);
+    pool.close().await;
+}
+
+#[tokio::test]
+async fn try_submit_never_waits_whatever_the_policy() {
+    let gate = Gate::closed();
+    let pool = gated_pool(Overflow::Block, &gate);
+    occupy_worker(&pool).await;
+    pool.try_submit(1).unwrap();
+    let error = pool.try_submit(2).unwrap_err();
+    assert!(error.is_full());
+    assert_eq!(error.into_inner(), 2);
+    gate.open(2);
+    pool.close().await;
+    assert_eq!(pool.try_submit(4), Err(TrySubmitError::Closed(4)));
+}
+
+#[tokio::test]
+async fn drop_oldest_keeps_the_newest_and_hands_the_dropped_to_the_callback() {
+    let gate = Gate::closed();
+    let dropped = Arc::new(Mutex::new(Vec::new()));
+    let sink = Arc::clone(&dropped);
+    let pool = WorkerPool::builder(1, 2)
+        .overflow(Overflow::DropOldest)
+        .on_dropped(move |index, job: u32| sink.lock().unwrap().push((index, job)))
+        .spawn(CancellationToken::new(), {
+            let gate = gate.clone();
+            move |_token, job: u32| {
+                let gate = gate.clone();
+                async move {
+                    gate.pass().await;
+                    Ok::<_, String>(job)
+                }
+            }
+        });
+    pool.try_submit(100).unwrap();
+    while pool.in_flight() == 0 {
+        tokio::task::yield_now().await;
+    }
+    let token = CancellationToken::new();
+    for job in 101..=105 {
+        pool.submit(&token, job).await.unwrap();
+    }
+    assert_eq!(*dropped.lock().unwrap(), [(1, 101), (2, 102), (3, 103)]);
+    gate.open(3);
+    let report = pool.close().await;
+    let metrics = report.metrics;
+    assert_eq!(
+        (metrics.submitted, metrics.completed, metrics.dropped),
+        (6, 3, 3)
+    );
+    assert_eq!(metrics.rejected, 0);
+}
+
+#[tokio::test]
+async fn indices_follow_acceptance_order() {
+    let pool = WorkerPool::new(
+        CancellationToken::new(),
+        2,
+        8,
+        |_token, job: u32| async move { Ok::<_, String>(job) },
+    );
+    let token = CancellationToken::new();
+    assert_eq!(pool.submit(&token, 1).await.unwrap(), 0);
+    assert_eq!(pool.try_submit(2).unwrap(), 1);
+    assert_eq!(pool.submit(&token, 3).await.unwrap(), 2);
+    pool.close().await;
+}
+
+#[tokio::test]
+#[should_panic(expected = "workers must be greater than zero")]
+async fn zero_workers_is_a_programmer_error() {
+    let _ = WorkerPool::new(CancellationToken::new(), 0, 1, |_t, j: u8| async move {
+        Ok::<_, String>(j)
+    });
+}
+
+#[tokio::test]
+#[should_panic(expected = "queue capacity must be greater than zero")]
+async fn zero_capacity_is_a_programmer_error() {
+    let _ = WorkerPool::new(CancellationToken::new(), 1, 0, |_t, j: u8| async move {
+        Ok::<_, String>(j)
+    });
+}
+
+#[test]
+#[should_panic(expected = "results capacity must be greater than zero")]
+fn zero_results_capacity_is_a_programmer_error() {
+    let _ = WorkerPool::builder::<u8>(1, 1).results(0);
+}
