@@ -24,7 +24,20 @@ async fn main() {
 async fn supervise(root: &CancellationToken) {
     println!("== supervise: panics are captured, work is drained by deadline ==");
 
-    // The seed's safeGo: a panicking task does not take the process down.
+    // The seed's safeGo: a panicking task does not take the process down, and the other
+    // tasks keep running.
+    let heartbeat_token = root.child_token();
+    let heartbeat = {
+        let token = heartbeat_token.clone();
+        spawn("heartbeat", async move {
+            let mut beats = 0_u32;
+            while !token.is_cancelled() {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                beats += 1;
+            }
+            beats
+        })
+    };
     let error = spawn("worker", async { panic!("boom") }).await.unwrap_err();
     let panic = error.into_panic().expect("it panicked");
     println!(
@@ -35,6 +48,13 @@ async fn supervise(root: &CancellationToken) {
         panic.backtrace().status() == std::backtrace::BacktraceStatus::Captured
     );
     println!("main is still running");
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    heartbeat_token.cancel();
+    let beats = heartbeat.await.expect("the heartbeat never panics");
+    println!(
+        "heartbeat kept beating through the panic: {} beats",
+        beats.min(5)
+    );
 
     // The seed's drain: 50 ms of work within a 100 ms budget …
     let supervisor = Supervisor::new(root.clone());

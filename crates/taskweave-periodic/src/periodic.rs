@@ -7,7 +7,7 @@ use taskweave_supervise::{TaskHandle, TaskName, catch_panic};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::schedule::next_start;
+use crate::schedule::{add, next_start};
 use crate::{FirstRun, MissedTicks, PeriodicReport, RunOutcome, Schedule};
 
 /// Runs a job every period until its token is cancelled.
@@ -18,7 +18,9 @@ use crate::{FirstRun, MissedTicks, PeriodicReport, RunOutcome, Schedule};
 ///   ([`MissedTicks`]), never replayed back to back (tokio's `interval` bursts by default).
 /// - **No overlap.** The next run starts only after the previous one ended.
 /// - **Bounded runs.** With [`with_timeout`](Self::with_timeout) a run that takes too long is
-///   cancelled: its token is cancelled and its future dropped, and the schedule goes on.
+///   cut short: its future is dropped (so it stops at its current `.await`) and its token
+///   cancelled (so tasks it handed the token to stop too), and the schedule goes on. There is
+///   no default timeout: no bound is right for every job, so choose one for yours.
 /// - **Isolation.** A run that returns an error is logged at warn; a run that panics is
 ///   caught and logged at error with its backtrace (through
 ///   [`taskweave_supervise::catch_panic`]). Both are counted and the schedule goes on.
@@ -67,6 +69,7 @@ pub struct Periodic {
     schedule: Schedule,
     timeout: Option<Duration>,
     jitter: Duration,
+    seed: Option<u64>,
 }
 
 impl Periodic {
@@ -90,6 +93,7 @@ impl Periodic {
             schedule: Schedule::default(),
             timeout: None,
             jitter: Duration::ZERO,
+            seed: None,
         }
     }
 
@@ -137,12 +141,29 @@ impl Periodic {
         self
     }
 
-    /// Delays each start by a random amount in `0..=jitter`, so that many instances started
-    /// together do not hit a shared resource in step. The jitter never accumulates: the grid
-    /// (or the gap) is measured without it.
+    /// Delays each start, the first one included, by a random amount in `0..=jitter`, so that
+    /// many instances started together (a deploy) do not hit a shared resource in step. The
+    /// jitter never accumulates: the grid (or the gap) is measured without it.
+    ///
+    /// # Panics
+    ///
+    /// Panics if `jitter` is not smaller than the period: starts could then swap places with
+    /// the next tick.
     #[must_use]
     pub fn with_jitter(mut self, jitter: Duration) -> Self {
+        assert!(
+            jitter < self.period,
+            "Periodic::with_jitter: jitter ({jitter:?}) must be smaller than the period ({:?})",
+            self.period
+        );
         self.jitter = jitter;
+        self
+    }
+
+    /// Seeds the jitter's random numbers, for a schedule that repeats exactly (tests, replays).
+    #[must_use]
+    pub fn with_jitter_seed(mut self, seed: u64) -> Self {
+        self.seed = Some(seed);
         self
     }
 
@@ -163,6 +184,32 @@ impl Periodic {
     /// `job` is called with a child of `token` for each run. Runs happen in the caller's task;
     /// use [`spawn`](Self::spawn) to run them on a task of their own.
     ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use taskweave_periodic::Periodic;
+    /// use tokio_util::sync::CancellationToken;
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() {
+    /// let token = CancellationToken::new();
+    /// let stop = token.clone();
+    /// tokio::spawn(async move {
+    ///     tokio::time::sleep(Duration::from_millis(350)).await;
+    ///     stop.cancel();
+    /// });
+    /// let mut flushed = 0;
+    /// let report = Periodic::new(Duration::from_millis(100))
+    ///     .run(token, |_run_token| {
+    ///         flushed += 1;
+    ///         async {}
+    ///     })
+    ///     .await;
+    /// assert_eq!((report.runs, flushed), (3, 3)); // at 100, 200 and 300 ms
+    /// # }
+    /// ```
+    ///
     /// # Cancel safety
     ///
     /// Dropping the future stops the runner at once, dropping a run in progress, and loses the
@@ -174,15 +221,17 @@ impl Periodic {
         Fut::Output: RunOutcome,
     {
         let mut report = PeriodicReport::default();
-        let mut rng = fastrand::Rng::new();
+        let mut rng = self
+            .seed
+            .map_or_else(fastrand::Rng::new, fastrand::Rng::with_seed);
         let origin = Instant::now();
         let mut scheduled = match self.first_run {
             FirstRun::Immediately => origin,
-            FirstRun::AfterPeriod => origin + self.period,
+            FirstRun::AfterPeriod => add(origin, self.period),
         };
         tracing::debug!(runner = %self.name, period = ?self.period, "periodic runner started");
         loop {
-            let start_at = scheduled + self.jitter_sample(&mut rng);
+            let start_at = add(scheduled, self.jitter_sample(&mut rng));
             tokio::select! {
                 biased;
                 () = token.cancelled() => break,

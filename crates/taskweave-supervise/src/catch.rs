@@ -24,10 +24,18 @@ use crate::{PanicError, TaskName};
 ///
 /// `catch_unwind` only sees the payload, after the stack has unwound. On first use this crate
 /// installs a process-wide panic hook that, for panics raised while a `CatchPanic` is being
-/// polled on the current thread, records the location and a backtrace for the catching future
-/// and stays quiet (the `tracing` event replaces the default "thread panicked" message). Panics
-/// anywhere else are passed to the hook that was installed before. A hook installed later by
-/// the application replaces ours; panics are still caught, but without backtrace or location.
+/// polled on the current thread, records the message, location and a backtrace for the
+/// catching future. It stays quiet when a `tracing` subscriber takes error events here (the
+/// event replaces the default "thread panicked" message), and otherwise also calls the hook
+/// that was installed before, so a panic is never silent, with or without a subscriber (and
+/// always under `panic = "abort"`, where nothing can be caught). Panics anywhere else go to the
+/// previous hook unchanged.
+///
+/// The recorded site is used only if its message matches the caught payload, so a panic caught
+/// by user code inside the future cannot lend its site to a later one. The backtrace is
+/// `Disabled` when the site could not be observed: the panic was re-raised with
+/// `resume_unwind` (which skips hooks), or a hook installed later by the application replaced
+/// ours.
 ///
 /// # Examples
 ///
@@ -152,6 +160,7 @@ impl<F> fmt::Debug for CatchPanic<F> {
 
 /// What the hook saw of the latest panic on this thread while a `CatchPanic` was polling.
 struct PanicSite {
+    message: Option<String>,
     location: Option<String>,
     backtrace: Backtrace,
 }
@@ -164,6 +173,11 @@ thread_local! {
 static HOOK: Once = Once::new();
 
 fn install_hook() {
+    // `take_hook`/`set_hook` panic on a thread that is already panicking (a first
+    // `catch_panic` inside a `Drop` during unwinding); install on the next call instead.
+    if HOOK.is_completed() || std::thread::panicking() {
+        return;
+    }
     HOOK.call_once(|| {
         let previous = std::panic::take_hook();
         std::panic::set_hook(Box::new(move |info: &PanicHookInfo<'_>| {
@@ -174,13 +188,15 @@ fn install_hook() {
                 return;
             }
             let site = PanicSite {
+                message: info.payload_as_str().map(ToOwned::to_owned),
                 location: info.location().map(ToString::to_string),
                 backtrace: Backtrace::force_capture(),
             };
-            if LAST_PANIC
+            let recorded = LAST_PANIC
                 .try_with(|slot| *slot.borrow_mut() = Some(site))
-                .is_err()
-            {
+                .is_ok();
+            // Nobody would hear of this panic through `tracing`: keep the default report too.
+            if !recorded || cfg!(panic = "abort") || !tracing::enabled!(tracing::Level::ERROR) {
                 previous(info);
             }
         }));
@@ -195,9 +211,16 @@ fn panic_error(name: TaskName, payload: &(dyn std::any::Any + Send)) -> PanicErr
     } else {
         "Box<dyn Any>".to_owned()
     };
-    // The unwind that just ended is the latest panic on this thread, so the recorded site, if
-    // any, is this panic's.
-    let site = LAST_PANIC.with(|slot| slot.borrow_mut().take());
+    // The latest site recorded on this thread belongs to this panic unless user code caught
+    // a panic of its own in between and this one skipped the hook (`resume_unwind`): the
+    // message tells them apart.
+    let site = LAST_PANIC
+        .with(|slot| slot.borrow_mut().take())
+        .filter(|site| {
+            site.message
+                .as_deref()
+                .is_none_or(|recorded| recorded == message)
+        });
     let (location, backtrace) = match site {
         Some(site) => (site.location, site.backtrace),
         None => (None, Backtrace::disabled()),

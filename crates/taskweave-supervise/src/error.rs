@@ -59,8 +59,10 @@ impl PanicError {
 
     /// The backtrace captured at the panic site.
     ///
-    /// Its [`status`](Backtrace::status) is `Disabled` only when another panic hook replaced
-    /// ours after the first supervised spawn, so that the panic site could not be observed.
+    /// Its [`status`](Backtrace::status) is `Disabled` when the panic site could not be
+    /// observed: a panic re-raised with `resume_unwind`, a panic in a task's `Drop` caught by
+    /// tokio, or a panic hook installed by the application after ours (see
+    /// [`catch_panic`](crate::catch_panic)).
     pub fn backtrace(&self) -> &Backtrace {
         &self.backtrace
     }

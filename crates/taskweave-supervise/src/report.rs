@@ -34,11 +34,16 @@ use crate::TaskName;
 pub struct DrainReport {
     /// Tasks that ran to completion within the grace period.
     pub finished: Vec<TaskName>,
+    /// Restarting tasks that ended with an error (gave up, or stopped while failing).
+    pub failed: Vec<TaskName>,
     /// Tasks that panicked during the drain (each panic was also logged with its backtrace).
     pub panicked: Vec<TaskName>,
     /// Tasks that were aborted: still running when the grace period ended, or aborted
     /// through their handle during the drain.
     pub aborted: Vec<TaskName>,
+    /// Tasks that were aborted but still had not ended another `grace` later: stuck in
+    /// blocking code, so their futures could not even be dropped. They are still running.
+    pub unresponsive: Vec<TaskName>,
     /// `true` when the grace period ran out before every task had ended.
     pub budget_expired: bool,
     /// How long the drain took, aborts included.
@@ -51,7 +56,11 @@ impl DrainReport {
     /// `true` when every task finished on its own within the grace period.
     #[must_use]
     pub fn is_clean(&self) -> bool {
-        !self.budget_expired && self.panicked.is_empty() && self.aborted.is_empty()
+        !self.budget_expired
+            && self.failed.is_empty()
+            && self.panicked.is_empty()
+            && self.aborted.is_empty()
+            && self.unresponsive.is_empty()
     }
 }
 
@@ -68,8 +77,10 @@ impl fmt::Display for DrainReport {
             write!(f, "drained in {:?} with losses", self.elapsed)?;
         }
         write!(f, "; finished {}", self.finished.len())?;
+        write_names(f, "failed", &self.failed)?;
         write_names(f, "panicked", &self.panicked)?;
-        write_names(f, "aborted", &self.aborted)
+        write_names(f, "aborted", &self.aborted)?;
+        write_names(f, "unresponsive", &self.unresponsive)
     }
 }
 
@@ -88,7 +99,7 @@ fn write_names(f: &mut fmt::Formatter<'_>, label: &str, names: &[TaskName]) -> f
 /// Cumulative counters of a [`Supervisor`](crate::Supervisor).
 ///
 /// Every spawned task ends exactly once, and the task counters are read together, so
-/// `spawned == completed + panicked + aborted + running` holds in every snapshot.
+/// `spawned == completed + failed + panicked + aborted + running` holds in every snapshot.
 ///
 /// # Examples
 ///
@@ -115,6 +126,8 @@ pub struct SupervisorMetrics {
     pub spawned: u64,
     /// Tasks that ran to completion (a restarting task counts once, when its loop ends).
     pub completed: u64,
+    /// Restarting tasks that ended with an error (gave up, or stopped while failing).
+    pub failed: u64,
     /// Tasks that ended in a panic.
     pub panicked: u64,
     /// Tasks that were aborted before they finished.

@@ -9,6 +9,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use crate::supervisor::current_runtime;
 use crate::{Escalation, PanicError, SpawnError, Supervisor, TaskHandle, TaskName, catch_panic};
 
 /// How often a failed task may be restarted, and how long to wait before each restart.
@@ -16,7 +17,12 @@ use crate::{Escalation, PanicError, SpawnError, Supervisor, TaskHandle, TaskName
 /// At most `max_restarts` restarts within any sliding `window`; the failure after that gives
 /// up and escalates. Before restart *n* (counting the restarts still inside the window), the
 /// task waits `initial_backoff * 2^(n-1)`, capped at `max_backoff` (default 100 ms doubling
-/// up to 5 s). A task that stays healthy for a whole window is back to the initial backoff.
+/// up to 5 s). As restarts leave the window the backoff shrinks again.
+///
+/// Like an OTP supervisor's intensity, this limits the *rate* of failures: a task whose
+/// failures are spread wider than `max_restarts` per `window` (slow failures, or a
+/// `max_backoff` longer than `window / max_restarts`) is restarted for ever. Choose the
+/// window to cover the failure rate you consider hopeless.
 ///
 /// # Examples
 ///
@@ -117,14 +123,8 @@ impl<E: fmt::Display> fmt::Display for Failure<E> {
     }
 }
 
-impl<E: Error + 'static> Error for Failure<E> {
-    fn source(&self) -> Option<&(dyn Error + 'static)> {
-        match self {
-            Failure::Error(error) => error.source(),
-            Failure::Panic(_) => None,
-        }
-    }
-}
+// `E: Debug + Display` rather than `E: Error`, so that `anyhow::Error` works too.
+impl<E: fmt::Debug + fmt::Display> Error for Failure<E> {}
 
 /// How a restarting task ended without a successful run.
 #[derive(Debug)]
@@ -177,7 +177,7 @@ impl<E: fmt::Display> fmt::Display for RestartError<E> {
     }
 }
 
-impl<E: Error + 'static> Error for RestartError<E> {}
+impl<E: fmt::Debug + fmt::Display> Error for RestartError<E> {}
 
 impl Supervisor {
     /// Runs a long-lived task, restarting it with backoff when a run fails or panics.
@@ -239,11 +239,12 @@ impl Supervisor {
         E: fmt::Display + Send + 'static,
     {
         let name = name.into();
+        let runtime = current_runtime();
         let Some(registration) = self.register(&name) else {
             return Err(SpawnError { name, future: make });
         };
         let restart_loop = restart_loop(self.clone(), name.clone(), policy, make);
-        Ok(self.launch(name, registration, restart_loop))
+        Ok(self.launch(&runtime, name, registration, restart_loop, Result::is_err))
     }
 }
 
@@ -261,7 +262,11 @@ where
     let token = supervisor.token();
     let mut recent_restarts: VecDeque<Instant> = VecDeque::new();
     loop {
-        let last = match catch_panic(name.clone(), make(token.child_token())).await {
+        // `make` is called inside the caught future: a panic in the factory itself is a failed
+        // run like any other, not the end of the restarting task.
+        let run_token = token.child_token();
+        let run = catch_panic(name.clone(), async { make(run_token).await });
+        let last = match run.await {
             Ok(Ok(())) => return Ok(()),
             Ok(Err(error)) => {
                 tracing::warn!(task = %name, %error, "task failed");

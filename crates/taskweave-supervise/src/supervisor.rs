@@ -12,7 +12,7 @@ use pin_project_lite::pin_project;
 use slab::Slab;
 use tokio::runtime::Handle;
 use tokio::sync::Notify;
-use tokio::task::AbortHandle;
+use tokio::task::{AbortHandle, Id};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -97,32 +97,43 @@ struct State {
     aborting: bool,
     next_id: u64,
     tasks: Slab<Entry>,
-    /// Outcomes of tasks that end while a `shutdown` is in progress.
-    drain: Option<DrainLog>,
+    /// One log per `shutdown` call in progress: the outcomes of the tasks that end during it.
+    drains: Vec<(u64, DrainLog)>,
+    next_drain: u64,
     // Counters live under the lock that registration and removal take anyway: no extra
     // atomic operations per task, and `metrics()` reads a consistent snapshot.
     spawned: u64,
     completed: u64,
+    failed: u64,
     panicked: u64,
     aborted: u64,
     refused: u64,
 }
 
 impl State {
-    fn is_drained(&self) -> bool {
-        self.closed && self.tasks.is_empty()
+    /// Closed, and no task left but (optionally) the caller's own.
+    fn is_drained(&self, except: Option<Id>) -> bool {
+        self.closed
+            && match self.tasks.len() {
+                0 => true,
+                1 => except.is_some() && self.tasks.iter().all(|(_, entry)| entry.task == except),
+                _ => false,
+            }
     }
 }
 
 struct Entry {
     id: u64,
     name: TaskName,
+    /// Set once the task is spawned (see `launch`).
     abort: Option<AbortHandle>,
+    task: Option<Id>,
 }
 
 #[derive(Default)]
 struct DrainLog {
     finished: Vec<TaskName>,
+    failed: Vec<TaskName>,
     panicked: Vec<TaskName>,
     aborted: Vec<TaskName>,
 }
@@ -131,6 +142,25 @@ impl Supervisor {
     /// A supervisor whose token is a child of `token`: cancelling `token` cancels every task
     /// that watches [`token`](Self::token); a shutdown or an escalation of the supervisor never
     /// cancels `token` itself.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use taskweave_supervise::Supervisor;
+    /// use tokio_util::sync::CancellationToken;
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() {
+    /// let app = CancellationToken::new();
+    /// let consumers = Supervisor::new(app.clone());
+    /// let token = consumers.token();
+    /// consumers.spawn("orders-consumer", async move { token.cancelled().await }).unwrap();
+    /// let report = consumers.shutdown(Duration::from_secs(5)).await;
+    /// assert_eq!(report.finished, ["orders-consumer"]);
+    /// assert!(!app.is_cancelled());
+    /// # }
+    /// ```
     #[must_use]
     pub fn new(token: CancellationToken) -> Self {
         Supervisor {
@@ -205,8 +235,9 @@ impl Supervisor {
         F::Output: Send + 'static,
     {
         let name = name.into();
+        let runtime = current_runtime();
         match self.register(&name) {
-            Some(registration) => Ok(self.launch(name, registration, future)),
+            Some(registration) => Ok(self.launch(&runtime, name, registration, future, |_| false)),
             None => Err(SpawnError { name, future }),
         }
     }
@@ -230,11 +261,9 @@ impl Supervisor {
     /// # }
     /// ```
     pub fn close(&self) -> bool {
-        let mut state = self.state();
-        let was_open = !std::mem::replace(&mut state.closed, true);
-        let drained = state.is_drained();
-        drop(state);
-        if was_open && drained {
+        let was_open = !std::mem::replace(&mut self.state().closed, true);
+        if was_open {
+            // Wakes a `wait` that started before the close, whatever is left running.
             self.shared.drained.notify_waiters();
         }
         was_open
@@ -293,6 +322,7 @@ impl Supervisor {
         SupervisorMetrics {
             spawned: state.spawned,
             completed: state.completed,
+            failed: state.failed,
             panicked: state.panicked,
             aborted: state.aborted,
             refused: state.refused,
@@ -310,6 +340,7 @@ impl Supervisor {
 
     /// Waits until the supervisor is closed and every task has ended. Waits forever if nobody
     /// closes it. Unlike [`shutdown`](Self::shutdown), it has no deadline and cancels nothing.
+    /// Called from one of the supervisor's own tasks, it waits for all the others.
     ///
     /// # Examples
     ///
@@ -332,13 +363,17 @@ impl Supervisor {
     ///
     /// Cancel safe: dropping the future has no effect on the supervisor.
     pub async fn wait(&self) {
+        self.wait_drained(tokio::task::try_id()).await;
+    }
+
+    async fn wait_drained(&self, except: Option<Id>) {
         loop {
             let notified = self.shared.drained.notified();
             let mut notified = std::pin::pin!(notified);
             // Registered before the check, so a drain that completes right after the check
             // still wakes this waiter.
             notified.as_mut().enable();
-            if self.state().is_drained() {
+            if self.state().is_drained(except) {
                 return;
             }
             notified.await;
@@ -348,11 +383,16 @@ impl Supervisor {
     /// Closes the supervisor, cancels its token, waits up to `grace` for the tasks to end, then
     /// aborts the rest and reports.
     ///
-    /// The report names every task that ended during this call: finished, panicked, or
-    /// aborted (by the deadline or by its handle). Aborted tasks are awaited until they are
-    /// actually gone, which takes one scheduling round unless a task is stuck in blocking
-    /// code. If two `shutdown` calls overlap, a task is named in the report of the call that
-    /// saw it end.
+    /// The report names every task that ended during this call: finished, failed (a
+    /// restarting task that ended with an error), panicked, or aborted (by the deadline or by
+    /// its handle). Aborted tasks are awaited until their futures are dropped, which takes one
+    /// scheduling round; a task stuck in blocking code cannot be dropped, so that second wait
+    /// is bounded by `grace` too and such tasks are named as `unresponsive`. The call returns
+    /// within `2 × grace` at most, after about `grace` when something had to be aborted.
+    ///
+    /// Overlapping calls each report the tasks that ended during their own call. Called from
+    /// one of the supervisor's own tasks (a control task that decides to stop everything), it
+    /// drains and reports all the others and leaves the caller running.
     ///
     /// # Examples
     ///
@@ -374,12 +414,16 @@ impl Supervisor {
             "Supervisor::shutdown: grace must be greater than zero"
         );
         let started = Instant::now();
-        self.state().drain.get_or_insert_with(DrainLog::default);
+        let me = tokio::task::try_id();
+        let log = DrainLogGuard::open(self);
         self.close();
         self.shared.token.cancel();
         tracing::debug!(grace = ?grace, "supervisor draining");
 
-        let budget_expired = tokio::time::timeout(grace, self.wait()).await.is_err();
+        let budget_expired = tokio::time::timeout(grace, self.wait_drained(me))
+            .await
+            .is_err();
+        let mut unresponsive = Vec::new();
         if budget_expired {
             let stragglers: Vec<AbortHandle> = {
                 let mut state = self.state();
@@ -387,6 +431,7 @@ impl Supervisor {
                 state
                     .tasks
                     .iter()
+                    .filter(|(_, entry)| me.is_none() || entry.task != me)
                     .filter_map(|(_, entry)| entry.abort.clone())
                     .collect()
             };
@@ -395,13 +440,26 @@ impl Supervisor {
             for straggler in stragglers {
                 straggler.abort();
             }
-            self.wait().await;
+            if tokio::time::timeout(grace, self.wait_drained(me))
+                .await
+                .is_err()
+            {
+                unresponsive = self
+                    .state()
+                    .tasks
+                    .iter()
+                    .filter(|(_, entry)| me.is_none() || entry.task != me)
+                    .map(|(_, entry)| entry.name.clone())
+                    .collect();
+            }
         }
-        let log = self.state().drain.take().unwrap_or_default();
+        let log = log.take();
         let report = DrainReport {
             finished: log.finished,
+            failed: log.failed,
             panicked: log.panicked,
             aborted: log.aborted,
+            unresponsive,
             budget_expired,
             elapsed: started.elapsed(),
             grace,
@@ -429,6 +487,7 @@ impl Supervisor {
             id,
             name: name.clone(),
             abort: None,
+            task: None,
         });
         state.spawned += 1;
         Some(Registration {
@@ -439,44 +498,46 @@ impl Supervisor {
         })
     }
 
-    /// Spawns `future` for a slot claimed by [`register`](Self::register).
-    #[track_caller]
+    /// Spawns `future` for a slot claimed by [`register`](Self::register); `failed` tells
+    /// whether an output counts as a failure.
     pub(crate) fn launch<F>(
         &self,
+        runtime: &Handle,
         name: TaskName,
         registration: Registration,
         future: F,
+        failed: fn(&F::Output) -> bool,
     ) -> TaskHandle<F::Output>
     where
         F: Future + Send + 'static,
         F::Output: Send + 'static,
     {
         let (key, id) = (registration.key, registration.id);
+        let supervised = Supervised {
+            future: catch_panic(name.clone(), future),
+            failed,
+            registration,
+        };
         // The lock is not held while spawning: a runtime that is shutting down drops the
         // future inline, and the registration's `Drop` takes the lock.
-        let runtime = match Handle::try_current() {
-            Ok(runtime) => runtime,
-            Err(error) => panic!("Supervisor::spawn called outside a tokio runtime: {error}"),
-        };
-        let supervised = Supervised {
-            registration,
-            future: catch_panic(name.clone(), future),
-        };
         let join = runtime.spawn(supervised);
         let abort = join.abort_handle();
         let mut state = self.state();
         let aborting = state.aborting;
-        match state.tasks.get_mut(key) {
+        let registered = match state.tasks.get_mut(key) {
             Some(entry) if entry.id == id => {
-                if aborting {
-                    abort.abort();
-                }
-                entry.abort = Some(abort);
+                entry.abort = Some(abort.clone());
+                entry.task = Some(join.id());
+                true
             }
             // Already finished and removed (the slot may even hold a newer task).
-            _ => {}
-        }
+            _ => false,
+        };
         drop(state);
+        // A drain deadline passed between `register` and here: the sweep missed this task.
+        if registered && aborting {
+            abort.abort();
+        }
         TaskHandle::new(name, join)
     }
 
@@ -494,6 +555,16 @@ impl Supervisor {
 
     fn state(&self) -> MutexGuard<'_, State> {
         self.shared.lock()
+    }
+}
+
+/// The current runtime, checked before a slot is claimed so that a misplaced call leaves no
+/// trace in the counters.
+#[track_caller]
+pub(crate) fn current_runtime() -> Handle {
+    match Handle::try_current() {
+        Ok(runtime) => runtime,
+        Err(error) => panic!("Supervisor::spawn called outside a tokio runtime: {error}"),
     }
 }
 
@@ -519,6 +590,7 @@ impl fmt::Debug for Supervisor {
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Outcome {
     Finished,
+    Failed,
     Panicked,
     Aborted,
 }
@@ -534,9 +606,11 @@ pub(crate) struct Registration {
 
 impl Drop for Registration {
     fn drop(&mut self) {
-        let mut state = self.shared.lock();
+        let mut guard = self.shared.lock();
+        let state = &mut *guard;
         *match self.outcome {
             Outcome::Finished => &mut state.completed,
+            Outcome::Failed => &mut state.failed,
             Outcome::Panicked => &mut state.panicked,
             Outcome::Aborted => &mut state.aborted,
         } += 1;
@@ -544,17 +618,22 @@ impl Drop for Registration {
             Some(entry) if entry.id == self.id => Some(state.tasks.remove(self.key)),
             _ => None,
         };
-        if let (Some(entry), Some(log)) = (removed, state.drain.as_mut()) {
-            match self.outcome {
-                Outcome::Finished => log.finished.push(entry.name),
-                Outcome::Panicked => log.panicked.push(entry.name),
-                Outcome::Aborted => log.aborted.push(entry.name),
+        if let Some(entry) = removed {
+            for (_, log) in &mut state.drains {
+                let names = match self.outcome {
+                    Outcome::Finished => &mut log.finished,
+                    Outcome::Failed => &mut log.failed,
+                    Outcome::Panicked => &mut log.panicked,
+                    Outcome::Aborted => &mut log.aborted,
+                };
+                names.push(entry.name.clone());
             }
         }
-        // The outcome is recorded before any drain waiter can wake.
-        let drained = state.is_drained();
-        drop(state);
-        if drained {
+        // The outcome is recorded before any drain waiter can wake. With one task left, a
+        // waiter that is that very task is drained; it checks for itself.
+        let maybe_drained = state.closed && state.tasks.len() <= 1;
+        drop(guard);
+        if maybe_drained {
             self.shared.drained.notify_waiters();
         }
     }
@@ -562,24 +641,58 @@ impl Drop for Registration {
 
 pin_project! {
     /// The future a supervised task runs: the caught future plus its registration.
-    struct Supervised<F> {
-        registration: Registration,
+    ///
+    /// Fields drop in declaration order: the user's future is dropped before the registration
+    /// reports the task gone, so a drain never returns while an aborted task's destructors
+    /// have yet to run.
+    struct Supervised<F, T> {
         #[pin]
         future: CatchPanic<F>,
+        failed: fn(&T) -> bool,
+        registration: Registration,
     }
 }
 
-impl<F: Future> Future for Supervised<F> {
-    type Output = Result<F::Output, PanicError>;
+impl<F: Future<Output = T>, T> Future for Supervised<F, T> {
+    type Output = Result<T, PanicError>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.project();
         let output = ready!(this.future.poll(cx));
-        this.registration.outcome = if output.is_ok() {
-            Outcome::Finished
-        } else {
-            Outcome::Panicked
+        this.registration.outcome = match &output {
+            Ok(value) if (this.failed)(value) => Outcome::Failed,
+            Ok(_) => Outcome::Finished,
+            Err(_) => Outcome::Panicked,
         };
         Poll::Ready(output)
+    }
+}
+
+/// This `shutdown` call's drain log; dropping it (a cancelled `shutdown`) removes the log.
+struct DrainLogGuard<'a> {
+    supervisor: &'a Supervisor,
+    id: u64,
+}
+
+impl<'a> DrainLogGuard<'a> {
+    fn open(supervisor: &'a Supervisor) -> Self {
+        let mut state = supervisor.state();
+        let id = state.next_drain;
+        state.next_drain += 1;
+        state.drains.push((id, DrainLog::default()));
+        DrainLogGuard { supervisor, id }
+    }
+
+    fn take(self) -> DrainLog {
+        let mut state = self.supervisor.state();
+        let position = state.drains.iter().position(|(id, _)| *id == self.id);
+        position.map_or_else(DrainLog::default, |index| state.drains.swap_remove(index).1)
+    }
+}
+
+impl Drop for DrainLogGuard<'_> {
+    fn drop(&mut self) {
+        let mut state = self.supervisor.state();
+        state.drains.retain(|(id, _)| *id != self.id);
     }
 }

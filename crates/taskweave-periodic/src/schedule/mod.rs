@@ -36,7 +36,8 @@ pub enum FirstRun {
     #[default]
     AfterPeriod,
     /// As soon as `run` starts, like tokio's `interval`; the usual choice for a cache warmer
-    /// or a cleaner that should not wait a whole period after a deploy.
+    /// or a cleaner that should not wait a whole period after a deploy. A configured
+    /// [jitter](crate::Periodic::with_jitter) delays this first run too.
     Immediately,
 }
 
@@ -142,26 +143,33 @@ pub(crate) fn next_start(
 ) -> Next {
     if schedule == Schedule::FixedGap {
         return Next {
-            at: ended + period,
+            at: add(ended, period),
             skipped: 0,
         };
     }
-    let due = scheduled + period;
+    let due = add(scheduled, period);
     if ended <= due {
         return Next {
             at: due,
             skipped: 0,
         };
     }
-    // Late: the run overran `ticks` grid points (the due one included), `ticks >= 1`.
+    // Late by more than one period. `ticks = ceil(late_by / period)` grid points have passed
+    // or are due right now; the next one is `ticks` periods after `scheduled`, computed from
+    // `ended` so that no multiplication can overflow.
     let late_by = ended.duration_since(scheduled).as_nanos();
     let period_nanos = period.as_nanos();
     let ticks = late_by.div_ceil(period_nanos);
+    let into_period = late_by % period_nanos;
     match missed {
         MissedTicks::Skip => {
-            let ticks_u32 = u32::try_from(ticks).unwrap_or(u32::MAX);
+            let wait = if into_period == 0 {
+                Duration::ZERO
+            } else {
+                nanos(period_nanos - into_period)
+            };
             Next {
-                at: scheduled + period.saturating_mul(ticks_u32),
+                at: add(ended, wait),
                 skipped: u64::try_from(ticks - 1).unwrap_or(u64::MAX),
             }
         }
@@ -174,6 +182,20 @@ pub(crate) fn next_start(
             }
         }
     }
+}
+
+/// `at + by`, or a far-away instant when that is past what `Instant` can hold (a period
+/// of years): never a panic in the runner's loop.
+pub(crate) fn add(at: Instant, by: Duration) -> Instant {
+    at.checked_add(by)
+        .unwrap_or_else(|| at + Duration::from_secs(60 * 60 * 24 * 365 * 30))
+}
+
+fn nanos(value: u128) -> Duration {
+    // `value` is below one period, which is a `Duration`.
+    let secs = u64::try_from(value / 1_000_000_000).unwrap_or(u64::MAX);
+    let subsec = u32::try_from(value % 1_000_000_000).unwrap_or(0);
+    Duration::new(secs, subsec)
 }
 
 #[cfg(test)]

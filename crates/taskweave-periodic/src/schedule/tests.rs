@@ -41,6 +41,23 @@ fn delay_runs_once_late_and_drops_the_rest() {
 }
 
 #[test]
+fn a_huge_overrun_of_a_tiny_period_lands_on_the_next_grid_point() {
+    // 2^33 + 0.5 periods late: more ticks than fit in a `u32`.
+    let origin = Instant::now();
+    let period = Duration::from_nanos(1_000);
+    let ended = origin + Duration::from_nanos((1_u64 << 33) * 1_000 + 500);
+    let Next { at, skipped } = next_start(
+        Schedule::FixedRate,
+        MissedTicks::Skip,
+        period,
+        origin,
+        ended,
+    );
+    assert_eq!(at.duration_since(ended), Duration::from_nanos(500));
+    assert_eq!(skipped, 1_u64 << 33);
+}
+
+#[test]
 fn fixed_gap_measures_from_the_end_of_the_run() {
     assert_eq!(next(Schedule::FixedGap, MissedTicks::Skip, 3), (13, 0));
     assert_eq!(next(Schedule::FixedGap, MissedTicks::Delay, 25), (35, 0));

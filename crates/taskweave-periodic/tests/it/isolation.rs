@@ -73,7 +73,8 @@ async fn a_timed_out_run_sees_its_token_cancelled_and_is_dropped() {
     let token = CancellationToken::new();
     stop_after(&token, 150 * MS);
     let observed = Arc::new(AtomicBool::new(false));
-    let seen = Arc::clone(&observed);
+    let dropped = Arc::new(AtomicBool::new(false));
+    let (seen, dropped_flag) = (Arc::clone(&observed), Arc::clone(&dropped));
     let started = Instant::now();
     let report = Periodic::new(100 * MS)
         .with_timeout(20 * MS)
@@ -84,11 +85,96 @@ async fn a_timed_out_run_sees_its_token_cancelled_and_is_dropped() {
                 run_token.cancelled().await;
                 seen.store(true, Ordering::SeqCst);
             });
-            std::future::pending::<()>()
+            let guard = SetOnDrop(Arc::clone(&dropped_flag));
+            async move {
+                std::future::pending::<()>().await;
+                drop(guard);
+            }
         })
         .await;
     assert_eq!(report.timed_out, 1);
     assert_eq!(started.elapsed(), 150 * MS);
+    assert!(
+        dropped.load(Ordering::SeqCst),
+        "the timed-out run's future was dropped"
+    );
     tokio::task::yield_now().await;
     assert!(observed.load(Ordering::SeqCst));
+}
+
+struct SetOnDrop(Arc<AtomicBool>);
+
+impl Drop for SetOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
+}
+
+/// Every `tracing` event of this test binary, from every thread (one global subscriber: scoped
+/// ones on concurrent test threads make `tracing`'s interest cache flaky).
+fn captured_logs() -> &'static Arc<std::sync::Mutex<Vec<u8>>> {
+    static LOGS: std::sync::OnceLock<Arc<std::sync::Mutex<Vec<u8>>>> = std::sync::OnceLock::new();
+    LOGS.get_or_init(|| {
+        let buffer = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let sink = Arc::clone(&buffer);
+        let subscriber = tracing_subscriber::fmt()
+            .with_ansi(false)
+            .with_writer(move || Writer(Arc::clone(&sink)))
+            .finish();
+        tracing::subscriber::set_global_default(subscriber).unwrap();
+        buffer
+    })
+}
+
+struct Writer(Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Writer {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn failed_and_panicking_runs_are_logged_with_the_runner_name() {
+    let logs = captured_logs();
+    let token = CancellationToken::new();
+    stop_after(&token, 250 * MS);
+    let mut call = 0;
+    Periodic::new(100 * MS)
+        .with_name("logged-cleaner")
+        .run(token, |_| {
+            call += 1;
+            let this = call;
+            async move {
+                assert!(this != 2, "corrupt row");
+                if this == 1 {
+                    Err("table locked")
+                } else {
+                    Ok(())
+                }
+            }
+        })
+        .await;
+    let text = String::from_utf8_lossy(&logs.lock().unwrap()).into_owned();
+    let lines: Vec<&str> = text
+        .lines()
+        .filter(|line| line.contains("logged-cleaner"))
+        .collect();
+    assert!(
+        lines.iter().any(|line| line.contains("WARN")
+            && line.contains("periodic run failed")
+            && line.contains("table locked")),
+        "{lines:#?}"
+    );
+    assert!(
+        lines.iter().any(|line| line.contains("ERROR")
+            && line.contains("task panicked")
+            && line.contains("corrupt row")),
+        "{lines:#?}"
+    );
 }

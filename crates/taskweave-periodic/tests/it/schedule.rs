@@ -118,16 +118,28 @@ async fn fixed_gap_measures_from_the_end_of_a_run() {
 
 #[tokio::test(start_paused = true)]
 async fn jitter_delays_each_start_within_its_bound_without_drifting() {
-    let periodic = Periodic::new(100 * MS).with_jitter(30 * MS);
-    let (_, runs) = record(periodic, 1050 * MS, |_| MS).await;
+    let periodic = Periodic::new(100 * MS)
+        .with_jitter(30 * MS)
+        .with_jitter_seed(7);
+    let (_, runs) = record(periodic.clone(), 1050 * MS, |_| MS).await;
     assert_eq!(runs.len(), 10);
-    for (index, start) in starts(&runs).into_iter().enumerate() {
-        let tick = 100 * (index as u64 + 1);
-        assert!(
-            (tick..=tick + 30).contains(&start),
-            "run {index} at {start}"
-        );
-    }
+    let offsets: Vec<u64> = starts(&runs)
+        .into_iter()
+        .enumerate()
+        .map(|(index, start)| start - 100 * (index as u64 + 1))
+        .collect();
+    assert!(offsets.iter().all(|offset| *offset <= 30), "{offsets:?}");
+    let distinct: std::collections::BTreeSet<_> = offsets.iter().collect();
+    assert!(distinct.len() > 3, "the starts are spread: {offsets:?}");
+    // The same seed gives the same schedule.
+    let (_, again) = record(periodic, 1050 * MS, |_| MS).await;
+    assert_eq!(starts(&runs), starts(&again));
+}
+
+#[test]
+#[should_panic(expected = "jitter (100ms) must be smaller than the period (100ms)")]
+fn jitter_as_large_as_the_period_is_a_programmer_error() {
+    let _ = Periodic::new(100 * MS).with_jitter(100 * MS);
 }
 
 proptest! {

@@ -25,6 +25,11 @@ fn public_types_are_send_sync_and_unpin() {
     send_sync_unpin::<Failure<String>>();
     send_sync_unpin::<RestartError<String>>();
     send_sync_unpin::<CatchPanic<Ready<()>>>();
+    // The futures of `shutdown` and `wait` can be awaited inside spawned tasks.
+    fn send_future<F: std::future::Future + Send>(_: F) {}
+    let supervisor = Supervisor::new(tokio_util::sync::CancellationToken::new());
+    send_future(supervisor.shutdown(std::time::Duration::from_secs(1)));
+    send_future(supervisor.wait());
     // Errors must work with `Box<dyn Error + Send + Sync>` and `anyhow`.
     send_sync::<Box<dyn std::error::Error + Send + Sync>>();
     let _: Box<dyn std::error::Error + Send + Sync> = Box::new(TaskError::Aborted {

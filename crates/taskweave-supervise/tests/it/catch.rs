@@ -14,7 +14,10 @@ async fn panic_becomes_an_error_with_message_location_and_backtrace() {
     assert_eq!(panic.name(), "exploder");
     assert_eq!(panic.message(), "worker exploded");
     let location = panic.location().expect("the hook records the location");
-    assert!(location.contains("catch.rs"), "location was {location}");
+    assert!(
+        location.contains("tests/it/catch.rs"),
+        "location was {location}"
+    );
     assert_eq!(panic.backtrace().status(), BacktraceStatus::Captured);
     assert!(
         panic
@@ -73,6 +76,26 @@ async fn nested_catch_keeps_the_outer_capture_working() {
     .unwrap_err();
     assert_eq!(outer.message(), "outer boom");
     assert_eq!(outer.backtrace().status(), BacktraceStatus::Captured);
+}
+
+#[tokio::test]
+async fn a_panic_caught_by_user_code_does_not_lend_its_site_to_a_later_one() {
+    let caught = catch_panic("relay", async {
+        // User code catches a panic of its own; its site is recorded but never consumed.
+        let inner = std::panic::catch_unwind(|| panic!("inner, handled by the user"));
+        // Then re-raises a different payload without the hook (`resume_unwind`).
+        drop(inner);
+        std::panic::resume_unwind(Box::new("re-raised elsewhere"));
+    })
+    .await
+    .unwrap_err();
+    assert_eq!(caught.message(), "re-raised elsewhere");
+    assert_eq!(
+        caught.location(),
+        None,
+        "the inner panic's site must not be used"
+    );
+    assert_eq!(caught.backtrace().status(), BacktraceStatus::Disabled);
 }
 
 #[tokio::test]

@@ -66,6 +66,21 @@ async fn panicking_runs_are_restarted_too() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_panic_in_the_factory_itself_is_a_failed_run_and_is_restarted() {
+    let supervisor = Supervisor::new(CancellationToken::new());
+    let mut calls = 0;
+    let task = supervisor
+        .spawn_restarting("config-reader", policy(3), move |_token| {
+            calls += 1;
+            assert!(calls > 1, "config missing on the first read");
+            async { Ok::<(), String>(()) }
+        })
+        .unwrap();
+    task.await.unwrap().unwrap();
+    assert_eq!(supervisor.metrics().restarts, 1);
+}
+
+#[tokio::test(start_paused = true)]
 async fn exceeding_the_intensity_limit_escalates_and_cancels_the_supervisor() {
     let parent = CancellationToken::new();
     let supervisor = Supervisor::new(parent.clone());
@@ -164,7 +179,12 @@ async fn shutdown_during_backoff_stops_restarting_at_once() {
         Duration::ZERO,
         "the backoff does not delay the drain"
     );
-    assert_eq!(report.finished, ["retrying"]);
+    assert_eq!(
+        report.failed,
+        ["retrying"],
+        "it ended without a successful run"
+    );
+    assert_eq!(supervisor.metrics().failed, 1);
     assert!(matches!(
         task.await.unwrap(),
         Err(RestartError::Cancelled { .. })

@@ -288,7 +288,7 @@ proptest! {
         let spawned = plans.len() as u64;
         prop_assert_eq!(metrics.spawned, spawned);
         prop_assert_eq!(metrics.running, 0);
-        prop_assert_eq!(metrics.completed + metrics.panicked + metrics.aborted, spawned);
+        prop_assert_eq!(metrics.completed + metrics.failed + metrics.panicked + metrics.aborted, spawned);
         let expected_panics = plans.iter().filter(|plan| match plan {
             Plan::Panic(ms) => *ms < close_after_ms + grace_ms,
             _ => false,
@@ -302,4 +302,109 @@ proptest! {
         }).count();
         prop_assert_eq!(named, still_running_at_close);
     }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_wait_that_started_before_close_returns_once_closed_and_empty() {
+    let supervisor = Supervisor::new(CancellationToken::new());
+    let waiter = supervisor.clone();
+    let mut wait = tokio_test::task::spawn(async move { waiter.wait().await });
+    tokio_test::assert_pending!(wait.poll());
+    supervisor.close();
+    assert!(wait.is_woken());
+    tokio_test::assert_ready!(wait.poll());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_task_aborted_through_its_handle_during_the_drain_is_named() {
+    let supervisor = Supervisor::new(CancellationToken::new());
+    let stubborn = supervisor
+        .spawn("stubborn", tokio::time::sleep(Duration::from_secs(60)))
+        .unwrap();
+    let aborter = tokio::spawn(async move {
+        tokio::time::sleep(10 * MS).await;
+        stubborn.abort();
+    });
+    let report = supervisor.shutdown(Duration::from_secs(1)).await;
+    aborter.await.unwrap();
+    assert!(!report.budget_expired);
+    assert_eq!(report.aborted, ["stubborn"]);
+    assert_eq!(report.elapsed, 10 * MS);
+}
+
+#[tokio::test(start_paused = true)]
+async fn shutdown_from_one_of_its_own_tasks_drains_the_others() {
+    let supervisor = Supervisor::new(CancellationToken::new());
+    let token = supervisor.token();
+    supervisor
+        .spawn("worker", async move { token.cancelled().await })
+        .unwrap();
+    let control = supervisor.clone();
+    let controller = supervisor
+        .spawn("controller", async move {
+            control.shutdown(Duration::from_secs(1)).await
+        })
+        .unwrap();
+    let report = controller.await.unwrap();
+    assert!(report.is_clean(), "{report}");
+    assert_eq!(report.finished, ["worker"]);
+    assert_eq!(
+        report.elapsed,
+        Duration::ZERO,
+        "the caller is not waited for"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn overlapping_shutdowns_each_report_what_ended_during_them() {
+    let supervisor = Supervisor::new(CancellationToken::new());
+    supervisor
+        .spawn("early", tokio::time::sleep(10 * MS))
+        .unwrap();
+    supervisor
+        .spawn("late", tokio::time::sleep(30 * MS))
+        .unwrap();
+    let first = supervisor.clone();
+    let first = tokio::spawn(async move { first.shutdown(Duration::from_secs(1)).await });
+    tokio::time::sleep(20 * MS).await;
+    let second = supervisor.shutdown(Duration::from_secs(1)).await;
+    let first = first.await.unwrap();
+    assert_eq!(first.finished.len(), 2, "{first}");
+    assert_eq!(
+        second.finished,
+        ["late"],
+        "only what ended after it started"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_stuck_in_blocking_code_is_named_unresponsive() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let release = Arc::new(AtomicBool::new(false));
+    let spinning = Arc::clone(&release);
+    let supervisor = Supervisor::new(CancellationToken::new());
+    supervisor
+        .spawn("blocking-loop", async move {
+            // Never yields: neither the token nor an abort can reach it.
+            while !spinning.load(Ordering::Acquire) {
+                std::hint::spin_loop();
+            }
+        })
+        .unwrap();
+    // This test needs the real clock: a paused clock only exists on the current-thread
+    // runtime, which the blocking task would stall entirely.
+    let report = supervisor.shutdown(20 * MS).await;
+    release.store(true, Ordering::Release);
+    assert!(report.budget_expired);
+    assert_eq!(report.unresponsive, ["blocking-loop"]);
+    assert!(report.aborted.is_empty());
+    supervisor.wait().await;
+}
+
+#[test]
+#[should_panic(expected = "Supervisor::spawn called outside a tokio runtime")]
+fn spawn_outside_a_runtime_panics_before_claiming_a_slot() {
+    let supervisor = Supervisor::new(CancellationToken::new());
+    drop(supervisor.spawn("nowhere", async {}));
 }
