@@ -8,8 +8,9 @@ use std::sync::{Arc, Mutex, PoisonError};
 use taskweave_supervise::{TaskHandle, catch_panic};
 use tokio_util::sync::CancellationToken;
 
+use crate::context::CancelState;
 use crate::pool::log_panic;
-use crate::{JobError, JobResult};
+use crate::{JobContext, JobError, JobResult};
 
 /// What [`run`] did: every result, tagged with its job's index, and the jobs it never started.
 #[non_exhaustive]
@@ -55,7 +56,7 @@ impl<J, R, E> fmt::Debug for BatchReport<J, R, E> {
 ///
 /// The jobs run on `workers` tasks spawned through `taskweave-supervise` (never more tasks
 /// than jobs), each taking the next job in input order when it is free. Each handler gets a
-/// child of `token`. A failing handler is an `Err(JobError::Failed)` in the report, a
+/// [`JobContext`] with its index and `token`. A failing handler is an `Err(JobError::Failed)` in the report, a
 /// panicking one an `Err(JobError::Panicked)` (logged with its backtrace); neither stops the
 /// others. Cancelling `token` stops new jobs from starting: running handlers see their token
 /// cancelled and are awaited, and the jobs that never started come back in
@@ -73,7 +74,7 @@ impl<J, R, E> fmt::Debug for BatchReport<J, R, E> {
 ///
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() {
-/// let report = run(CancellationToken::new(), 3, 1..=5_u32, |_token, n| async move {
+/// let report = run(CancellationToken::new(), 3, 1..=5_u32, |_context, n| async move {
 ///     if n == 4 { Err(format!("job {n} failed")) } else { Ok(n * n) }
 /// })
 /// .await;
@@ -105,7 +106,7 @@ where
     J: Send + 'static,
     R: Send + 'static,
     E: Send + 'static,
-    H: Fn(CancellationToken, J) -> Fut + Send + Sync + 'static,
+    H: Fn(JobContext, J) -> Fut + Send + Sync + 'static,
     Fut: Future<Output = Result<R, E>> + Send + 'static,
 {
     assert!(
@@ -115,7 +116,7 @@ where
     let queue: VecDeque<(usize, J)> = jobs.into_iter().enumerate().collect();
     let total = queue.len();
     let shared = Arc::new(Batch {
-        token,
+        cancel: CancelState::new(token),
         queue: Mutex::new(queue),
         results: Mutex::new(Vec::with_capacity(total)),
         handler,
@@ -134,7 +135,7 @@ where
         // A worker catches every handler panic, so it can only end by returning.
         let _ = handle.await;
     }
-    let cancelled = shared.token.is_cancelled();
+    let cancelled = shared.cancel.is_cancelled();
     let mut results = std::mem::take(&mut *lock(&shared.results));
     results.sort_unstable_by_key(|(index, _)| *index);
     let unstarted = lock(&shared.queue).drain(..).collect();
@@ -146,7 +147,7 @@ where
 }
 
 struct Batch<J, R, E, H> {
-    token: CancellationToken,
+    cancel: Arc<CancelState>,
     queue: Mutex<VecDeque<(usize, J)>>,
     results: Mutex<Vec<(usize, JobResult<R, E>)>>,
     handler: H,
@@ -154,12 +155,12 @@ struct Batch<J, R, E, H> {
 
 impl<J, R, E, H, Fut> Batch<J, R, E, H>
 where
-    H: Fn(CancellationToken, J) -> Fut,
+    H: Fn(JobContext, J) -> Fut,
     Fut: Future<Output = Result<R, E>>,
 {
     async fn work(&self) {
         loop {
-            if self.token.is_cancelled() {
+            if self.cancel.is_cancelled() {
                 return;
             }
             let Some((index, job)) = lock(&self.queue).pop_front() else {
@@ -167,8 +168,8 @@ where
             };
             // The handler is called inside the caught future, so a panic in the closure itself
             // (not only in the future it returns) is caught too.
-            let job_token = self.token.child_token();
-            let caught = catch_panic("batch-job", async { (self.handler)(job_token, job).await })
+            let context = JobContext::new(index as u64, Arc::clone(&self.cancel));
+            let caught = catch_panic("batch-job", async { (self.handler)(context, job).await })
                 .without_logging()
                 .await;
             let outcome = match caught {

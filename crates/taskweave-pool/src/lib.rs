@@ -17,7 +17,7 @@
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() {
 //! let token = CancellationToken::new();
-//! let pool = WorkerPool::new(token.clone(), 4, 64, |_job_token, order_id: u64| async move {
+//! let pool = WorkerPool::new(token.clone(), 4, 64, |_context, order_id: u64| async move {
 //!     // charge the card, write the row …
 //!     Ok::<_, String>(order_id)
 //! });
@@ -32,9 +32,11 @@
 //! ```
 
 mod batch;
+mod context;
 mod error;
 mod pool;
 
 pub use batch::{BatchReport, run};
+pub use context::JobContext;
 pub use error::{JobError, JobResult, SubmitError, TrySubmitError};
 pub use pool::{CloseReport, Overflow, PoolMetrics, Results, WorkerPool, WorkerPoolBuilder};

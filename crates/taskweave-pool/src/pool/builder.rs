@@ -7,7 +7,7 @@ use std::sync::Arc;
 use taskweave_supervise::TaskName;
 use tokio_util::sync::CancellationToken;
 
-use crate::WorkerPool;
+use crate::{JobContext, WorkerPool};
 
 /// What [`WorkerPool::submit`](crate::WorkerPool::submit) does when the queue is full.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -44,7 +44,7 @@ pub(crate) type DropHook<J> = Arc<dyn Fn(u64, J) + Send + Sync>;
 ///     .name("thumbnailer")
 ///     .overflow(Overflow::DropOldest)
 ///     .on_dropped(move |index, job: u32| sink.lock().unwrap().push((index, job)))
-///     .spawn(CancellationToken::new(), |_token, job: u32| async move { Ok::<_, String>(job) });
+///     .spawn(CancellationToken::new(), |_context, job: u32| async move { Ok::<_, String>(job) });
 /// // Nothing runs until this task yields, so the queue of two overflows on the third job.
 /// for job in [10, 20, 30] {
 ///     pool.try_submit(job).unwrap();
@@ -121,9 +121,9 @@ impl<J> WorkerPoolBuilder<J> {
 
     /// Starts the pool: spawns its workers (through `taskweave-supervise`) and returns it.
     ///
-    /// `handler` is called with a child of the pool's token and the job. The pool's token is a
-    /// child of `token`: cancelling `token` stops intake and hands the queued jobs back at
-    /// `close`.
+    /// `handler` is called with a [`JobContext`] (the job's index and the pool's token) and the
+    /// job. The pool's token is a child of `token`: cancelling `token` stops intake and hands
+    /// the queued jobs back at `close`.
     ///
     /// # Panics
     ///
@@ -133,7 +133,7 @@ impl<J> WorkerPoolBuilder<J> {
         J: Send + 'static,
         R: Send + 'static,
         E: fmt::Display + Send + 'static,
-        H: Fn(CancellationToken, J) -> Fut + Send + Sync + 'static,
+        H: Fn(JobContext, J) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Result<R, E>> + Send + 'static,
     {
         WorkerPool::start(self, token, handler)

@@ -64,33 +64,92 @@ impl<J> fmt::Debug for CloseReport<J> {
     }
 }
 
-// Relaxed everywhere: each counter is independent and increment-only; no other memory is
+// Relaxed everywhere: each counter is independent and only grows; no other memory is
 // published through them, and `PoolMetrics` documents that a snapshot is not atomic.
+//
+// The per-job counters are kept per worker and written by that worker alone with a plain
+// store, not a read-modify-write: a job then costs no locked instruction for its accounting.
+// Acceptance is counted without a counter of its own: every submission takes an index, and
+// `submitted` is the indices taken minus the submissions refused (the rare path).
 #[derive(Default)]
 pub(crate) struct Counters {
-    pub(crate) submitted: AtomicU64,
-    pub(crate) started: AtomicU64,
-    pub(crate) completed: AtomicU64,
-    pub(crate) failed: AtomicU64,
-    pub(crate) panicked: AtomicU64,
+    pub(crate) next_index: AtomicU64,
+    /// Submissions not accepted: full, closed or cancelled.
+    pub(crate) refused: AtomicU64,
+    /// Submissions not accepted because the queue was full or the pool closed.
     pub(crate) rejected: AtomicU64,
     pub(crate) dropped: AtomicU64,
     pub(crate) handed_back: AtomicU64,
     pub(crate) workers_alive: AtomicU64,
+    pub(crate) workers: Box<[WorkerCounters]>,
+}
+
+/// The counters one worker writes. Aligned to two cache lines so that workers on different
+/// cores never write to the same line.
+#[derive(Default)]
+#[repr(align(128))]
+pub(crate) struct WorkerCounters {
+    started: AtomicU64,
+    completed: AtomicU64,
+    failed: AtomicU64,
+    panicked: AtomicU64,
+}
+
+/// A worker's own copy of its counters; `publish_*` store the new totals.
+#[derive(Default)]
+pub(crate) struct LocalCounts {
+    started: u64,
+    completed: u64,
+    failed: u64,
+    panicked: u64,
+}
+
+impl LocalCounts {
+    pub(crate) fn started(&mut self, shared: &WorkerCounters) {
+        self.started += 1;
+        shared.started.store(self.started, Ordering::Relaxed);
+    }
+
+    pub(crate) fn completed(&mut self, shared: &WorkerCounters) {
+        self.completed += 1;
+        shared.completed.store(self.completed, Ordering::Relaxed);
+    }
+
+    pub(crate) fn failed(&mut self, shared: &WorkerCounters) {
+        self.failed += 1;
+        shared.failed.store(self.failed, Ordering::Relaxed);
+    }
+
+    pub(crate) fn panicked(&mut self, shared: &WorkerCounters) {
+        self.panicked += 1;
+        shared.panicked.store(self.panicked, Ordering::Relaxed);
+    }
 }
 
 impl Counters {
+    pub(crate) fn new(workers: usize) -> Self {
+        Counters {
+            workers: (0..workers).map(|_| WorkerCounters::default()).collect(),
+            ..Counters::default()
+        }
+    }
+
     pub(crate) fn add(counter: &AtomicU64, amount: u64) {
         counter.fetch_add(amount, Ordering::Relaxed);
     }
 
     pub(crate) fn snapshot(&self, queued: usize) -> PoolMetrics {
         let load = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
-        let completed = load(&self.completed);
-        let failed = load(&self.failed);
-        let panicked = load(&self.panicked);
+        let (mut started, mut completed, mut failed, mut panicked) = (0, 0, 0, 0);
+        for worker in &self.workers {
+            // Finished counts first: a job then never looks finished but not started.
+            completed += load(&worker.completed);
+            failed += load(&worker.failed);
+            panicked += load(&worker.panicked);
+            started += load(&worker.started);
+        }
         PoolMetrics {
-            submitted: load(&self.submitted),
+            submitted: load(&self.next_index).saturating_sub(load(&self.refused)),
             completed,
             failed,
             panicked,
@@ -98,7 +157,7 @@ impl Counters {
             dropped: load(&self.dropped),
             handed_back: load(&self.handed_back),
             queued: queued as u64,
-            in_flight: load(&self.started).saturating_sub(completed + failed + panicked),
+            in_flight: started.saturating_sub(completed + failed + panicked),
             workers_alive: load(&self.workers_alive),
         }
     }

@@ -7,20 +7,20 @@ mod worker;
 
 use std::fmt;
 use std::future::Future;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use async_channel::TrySendError;
 use taskweave_supervise::{PanicError, Supervisor, TaskName};
-use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 pub use builder::{Overflow, WorkerPoolBuilder};
 pub use metrics::{CloseReport, PoolMetrics};
 pub use results::Results;
 
-use crate::{SubmitError, TrySubmitError};
+use crate::context::CancelState;
+use crate::{JobContext, SubmitError, TrySubmitError};
 use builder::DropHook;
 use metrics::Counters;
 
@@ -58,7 +58,7 @@ use metrics::Counters;
 ///
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() {
-/// let pool = WorkerPool::new(CancellationToken::new(), 2, 1, |_token, order: u32| async move {
+/// let pool = WorkerPool::new(CancellationToken::new(), 2, 1, |_context, order: u32| async move {
 ///     Ok::<_, String>(order * 10)
 /// });
 /// let index = pool.try_submit(7).unwrap();
@@ -82,26 +82,22 @@ struct Handle<J, R, E> {
 pub(crate) struct Shared<J, R, E> {
     pub(crate) name: TaskName,
     pub(crate) overflow: Overflow,
-    queue_tx: async_channel::Sender<(u64, J)>,
+    queue_tx: async_channel::Sender<Queued<J>>,
     /// The pool keeps a receiver of its own to drop the oldest job and to hand jobs back.
-    pub(crate) queue_rx: async_channel::Receiver<(u64, J)>,
+    pub(crate) queue_rx: async_channel::Receiver<Queued<J>>,
     on_dropped: Option<DropHook<J>>,
-    /// The pool's token: a child of the caller's; the workers' handlers get clones of it.
-    pub(crate) token: CancellationToken,
-    /// Wakes submitters blocked on a full queue: a worker took a job, or the pool closed.
-    pub(crate) space: Notify,
-    next_index: AtomicU64,
+    /// The pool's token (a child of the caller's) with its cheap flag; handlers see it
+    /// through their `JobContext`.
+    pub(crate) cancel: Arc<CancelState>,
     pub(crate) counters: Counters,
     workers: Supervisor,
     results: Mutex<Option<Results<R, E>>>,
 }
 
 impl<J, R, E> Shared<J, R, E> {
-    /// Closes the queue (idempotent) and wakes every blocked submitter to see it.
+    /// Closes the queue (idempotent); blocked submitters wake up and get their job back.
     pub(crate) fn close_queue(&self) -> bool {
-        let closed_now = self.queue_tx.close();
-        self.space.notify_waiters();
-        closed_now
+        self.queue_tx.close()
     }
 }
 
@@ -137,7 +133,7 @@ where
         handler: H,
     ) -> Self
     where
-        H: Fn(CancellationToken, J) -> Fut + Send + Sync + 'static,
+        H: Fn(JobContext, J) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Result<R, E>> + Send + 'static,
     {
         WorkerPoolBuilder::new(workers, capacity).spawn(token, handler)
@@ -149,7 +145,7 @@ where
         handler: H,
     ) -> Self
     where
-        H: Fn(CancellationToken, J) -> Fut + Send + Sync + 'static,
+        H: Fn(JobContext, J) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Result<R, E>> + Send + 'static,
     {
         let (queue_tx, queue_rx) = async_channel::bounded(settings.capacity);
@@ -168,10 +164,8 @@ where
             queue_rx,
             on_dropped: settings.on_dropped,
             workers: Supervisor::new(token.clone()),
-            token,
-            space: Notify::new(),
-            next_index: AtomicU64::new(0),
-            counters: Counters::default(),
+            cancel: CancelState::new(token),
+            counters: Counters::new(settings.workers),
             results: Mutex::new(results),
         });
         let handler = Arc::new(handler);
@@ -179,6 +173,7 @@ where
         for worker in 0..settings.workers {
             let task = worker::work(
                 Arc::clone(&shared),
+                worker,
                 Arc::clone(&handler),
                 results_tx.clone(),
             );
@@ -214,35 +209,39 @@ where
     /// cancellation, pass the token instead: `Cancelled(job)` hands it back.
     pub async fn submit(&self, token: &CancellationToken, job: J) -> Result<u64, SubmitError<J>> {
         let shared = &self.handle.shared;
-        let index = shared.next_index.fetch_add(1, Ordering::Relaxed);
-        let mut item = match self.enqueue((index, job)) {
+        let index = shared.counters.next_index.fetch_add(1, Ordering::Relaxed);
+        let (index, job) = match self.enqueue((index, job)) {
             Ok(()) => return Ok(index),
-            Err(Refused::Closed(item)) => return Err(SubmitError::Closed(item.1)),
-            Err(Refused::Full(item)) if shared.overflow == Overflow::Reject => {
-                Counters::add(&shared.counters.rejected, 1);
-                return Err(SubmitError::Full(item.1));
-            }
-            Err(Refused::Full(item)) => item,
+            Err(Refused::Full(item)) if shared.overflow == Overflow::Block => item,
+            Err(refused) => return Err(self.refuse(refused).into()),
         };
-        loop {
-            let notified = shared.space.notified();
-            let mut notified = std::pin::pin!(notified);
-            // Registered before the retry, so a slot freed right after it still wakes us.
-            notified.as_mut().enable();
-            item = match self.enqueue(item) {
-                Ok(()) => return Ok(index),
-                Err(Refused::Closed(item)) => return Err(SubmitError::Closed(item.1)),
-                Err(Refused::Full(item)) => item,
-            };
-            tokio::select! {
-                biased;
-                () = token.cancelled() => return Err(SubmitError::Cancelled(item.1)),
-                () = shared.token.cancelled() => {
-                    Counters::add(&shared.counters.rejected, 1);
-                    return Err(SubmitError::Closed(item.1));
-                }
-                () = notified => {}
+        // Slow path: wait inside the channel's own send, which wakes exactly when a worker
+        // frees a slot. A send future drops its message when it is cancelled, so the job sits
+        // in a slot that this call keeps a handle to and can take it back from.
+        let slot = Arc::new(Mutex::new(Some(job)));
+        let send = shared
+            .queue_tx
+            .send(Queued::Reclaimable(index, Arc::clone(&slot)));
+        let waited = tokio::select! {
+            biased;
+            () = token.cancelled() => Waited::Cancelled,
+            () = shared.cancel.token().cancelled() => Waited::Closed,
+            sent = send => if sent.is_ok() { Waited::Queued } else { Waited::Closed },
+        };
+        if waited == Waited::Queued {
+            return Ok(index);
+        }
+        // Not queued: the send future, dropped or failed, no longer holds the slot, so the job
+        // is still in it. (An empty slot would mean a worker took the job: it was queued.)
+        let Some(job) = lock(&slot).take() else {
+            return Ok(index);
+        };
+        match waited {
+            Waited::Cancelled => {
+                Counters::add(&shared.counters.refused, 1);
+                Err(SubmitError::Cancelled(job))
             }
+            _ => Err(self.refuse(Refused::Closed((index, job))).into()),
         }
     }
 
@@ -255,35 +254,44 @@ where
     /// [`TrySubmitError::Full`] with the job when the queue is full, or
     /// [`TrySubmitError::Closed`] when the pool is closed.
     pub fn try_submit(&self, job: J) -> Result<u64, TrySubmitError<J>> {
-        let shared = &self.handle.shared;
-        let index = shared.next_index.fetch_add(1, Ordering::Relaxed);
+        let index = self
+            .handle
+            .shared
+            .counters
+            .next_index
+            .fetch_add(1, Ordering::Relaxed);
         match self.enqueue((index, job)) {
             Ok(()) => Ok(index),
-            Err(Refused::Closed(item)) => Err(TrySubmitError::Closed(item.1)),
-            Err(Refused::Full(item)) => {
-                Counters::add(&shared.counters.rejected, 1);
-                Err(TrySubmitError::Full(item.1))
-            }
+            Err(refused) => Err(self.refuse(refused)),
         }
     }
 
-    /// One attempt to queue, applying the drop-oldest policy; counts acceptance and closure.
-    fn enqueue(&self, mut item: (u64, J)) -> Result<(), Refused<J>> {
+    /// Counts a submission that was not accepted and turns it into the error for the caller.
+    fn refuse(&self, refused: Refused<J>) -> TrySubmitError<J> {
+        let counters = &self.handle.shared.counters;
+        Counters::add(&counters.refused, 1);
+        Counters::add(&counters.rejected, 1);
+        match refused {
+            Refused::Full((_, job)) => TrySubmitError::Full(job),
+            Refused::Closed((_, job)) => TrySubmitError::Closed(job),
+        }
+    }
+
+    /// One attempt to queue, applying the drop-oldest policy.
+    fn enqueue(&self, (index, job): (u64, J)) -> Result<(), Refused<J>> {
         let shared = &self.handle.shared;
+        let mut item = Queued::Inline(index, job);
         loop {
             match shared.queue_tx.try_send(item) {
-                Ok(()) => {
-                    Counters::add(&shared.counters.submitted, 1);
-                    return Ok(());
-                }
+                Ok(()) => return Ok(()),
                 Err(TrySendError::Closed(refused)) => {
-                    Counters::add(&shared.counters.rejected, 1);
-                    return Err(Refused::Closed(refused));
+                    return Err(Refused::Closed(refused.into_inline()));
                 }
                 Err(TrySendError::Full(refused)) if shared.overflow == Overflow::DropOldest => {
                     item = refused;
                     // A worker may take the oldest first; then the next try finds space.
-                    if let Ok((dropped_index, dropped)) = shared.queue_rx.try_recv() {
+                    let oldest = shared.queue_rx.try_recv().ok().and_then(Queued::into_parts);
+                    if let Some((dropped_index, dropped)) = oldest {
                         Counters::add(&shared.counters.dropped, 1);
                         tracing::debug!(pool = %shared.name, job = dropped_index, "queue full: oldest job dropped");
                         if let Some(on_dropped) = &shared.on_dropped {
@@ -291,7 +299,9 @@ where
                         }
                     }
                 }
-                Err(TrySendError::Full(refused)) => return Err(Refused::Full(refused)),
+                Err(TrySendError::Full(refused)) => {
+                    return Err(Refused::Full(refused.into_inline()));
+                }
             }
         }
     }
@@ -310,7 +320,7 @@ where
     /// # async fn main() {
     /// let pool = WorkerPool::builder(2, 8)
     ///     .results(8)
-    ///     .spawn(CancellationToken::new(), |_token, n: u64| async move {
+    ///     .spawn(CancellationToken::new(), |_context, n: u64| async move {
     ///         if n == 2 { Err("odd input") } else { Ok(n * n) }
     ///     });
     /// let mut results = pool.results().unwrap();
@@ -368,9 +378,9 @@ where
     ///
     /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
     /// # async fn main() {
-    /// let pool = WorkerPool::new(CancellationToken::new(), 1, 10, |token, _job: u32| async move {
+    /// let pool = WorkerPool::new(CancellationToken::new(), 1, 10, |context, _job: u32| async move {
     ///     tokio::select! {
-    ///         () = token.cancelled() => Err("interrupted"),
+    ///         () = context.cancelled() => Err("interrupted"),
     ///         () = tokio::time::sleep(Duration::from_secs(1)) => Ok(()),
     ///     }
     /// });
@@ -406,7 +416,7 @@ where
         }
         let interrupted = self.metrics().in_flight;
         tracing::warn!(pool = %shared.name, ?deadline, interrupted, "close deadline passed: cancelling handlers");
-        shared.token.cancel();
+        shared.cancel.cancel();
         shared.workers.wait().await;
         self.finish(interrupted, true)
     }
@@ -422,8 +432,8 @@ where
     fn finish(&self, interrupted: u64, deadline_expired: bool) -> CloseReport<J> {
         let shared = &self.handle.shared;
         let mut handed_back = Vec::new();
-        while let Ok(item) = shared.queue_rx.try_recv() {
-            handed_back.push(item);
+        while let Ok(queued) = shared.queue_rx.try_recv() {
+            handed_back.extend(queued.into_parts());
         }
         Counters::add(&shared.counters.handed_back, handed_back.len() as u64);
         CloseReport {
@@ -471,7 +481,7 @@ impl<J, R, E> WorkerPool<J, R, E> {
     /// The pool's token; cancelled by a passed `close_within` deadline or by its parent.
     #[must_use]
     pub fn token(&self) -> CancellationToken {
-        self.handle.shared.token.clone()
+        self.handle.shared.cancel.token().clone()
     }
 }
 
@@ -504,6 +514,45 @@ impl<J, R, E> fmt::Debug for WorkerPool<J, R, E> {
 enum Refused<J> {
     Full((u64, J)),
     Closed((u64, J)),
+}
+
+#[derive(PartialEq, Eq)]
+enum Waited {
+    Queued,
+    Cancelled,
+    Closed,
+}
+
+/// A job in the queue, with its index.
+pub(crate) enum Queued<J> {
+    /// Queued without waiting.
+    Inline(u64, J),
+    /// Queued by a `submit` that had to wait; see `submit` for why it sits in a slot.
+    Reclaimable(u64, Arc<Mutex<Option<J>>>),
+}
+
+impl<J> Queued<J> {
+    /// The index and the job. `None` only for a slot whose job was taken back, which never
+    /// reaches the queue; callers skip it.
+    pub(crate) fn into_parts(self) -> Option<(u64, J)> {
+        match self {
+            Queued::Inline(index, job) => Some((index, job)),
+            Queued::Reclaimable(index, slot) => lock(&slot).take().map(|job| (index, job)),
+        }
+    }
+
+    /// A job refused by `try_send` of `enqueue`, which only ever sends `Inline`.
+    fn into_inline(self) -> (u64, J) {
+        match self.into_parts() {
+            Some(parts) => parts,
+            None => unreachable!("enqueue only sends inline jobs"),
+        }
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // The lock only guards a move in or out of the slot; a poisoned one still holds a job.
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// Logs a caught handler panic with the pool's name and the job's index.

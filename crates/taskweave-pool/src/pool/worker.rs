@@ -7,24 +7,26 @@ use std::sync::Arc;
 use async_channel::TryRecvError;
 use taskweave_supervise::catch_panic;
 use tokio::sync::mpsc;
-use tokio_util::sync::CancellationToken;
 
-use super::{Overflow, Shared, log_panic};
-use crate::pool::metrics::Counters;
-use crate::{JobError, JobResult};
+use super::{Shared, log_panic};
+use crate::pool::metrics::LocalCounts;
+use crate::{JobContext, JobError, JobResult};
 
 pub(crate) async fn work<J, R, E, H, Fut>(
     shared: Arc<Shared<J, R, E>>,
+    worker: usize,
     handler: Arc<H>,
     results: Option<mpsc::Sender<(u64, JobResult<R, E>)>>,
 ) where
     E: fmt::Display,
-    H: Fn(CancellationToken, J) -> Fut,
+    H: Fn(JobContext, J) -> Fut,
     Fut: Future<Output = Result<R, E>>,
 {
     let counters = &shared.counters;
+    let mine = &counters.workers[worker];
+    let mut counts = LocalCounts::default();
     loop {
-        if shared.token.is_cancelled() {
+        if shared.cancel.is_cancelled() {
             break;
         }
         // Fast path without registering on the token: most of the time a job is waiting.
@@ -33,37 +35,37 @@ pub(crate) async fn work<J, R, E, H, Fut>(
             Err(TryRecvError::Closed) => None,
             Err(TryRecvError::Empty) => tokio::select! {
                 biased;
-                () = shared.token.cancelled() => None,
+                () = shared.cancel.token().cancelled() => None,
                 item = shared.queue_rx.recv() => item.ok(),
             },
         };
-        let Some((index, job)) = next else {
+        let Some(queued) = next else {
             break;
         };
-        if shared.overflow == Overflow::Block {
-            shared.space.notify_one();
-        }
-        Counters::add(&counters.started, 1);
-        let token = shared.token.clone();
+        let Some((index, job)) = queued.into_parts() else {
+            continue;
+        };
+        counts.started(mine);
+        let context = JobContext::new(index, Arc::clone(&shared.cancel));
         // The handler is called inside the caught future, so a panic in the closure itself is
         // caught too; the panic is logged here, with the job's index.
-        let caught = catch_panic(shared.name.clone(), async { handler(token, job).await })
+        let caught = catch_panic(shared.name.clone(), async { handler(context, job).await })
             .without_logging()
             .await;
         let outcome = match caught {
             Ok(Ok(value)) => {
-                Counters::add(&counters.completed, 1);
+                counts.completed(mine);
                 Ok(value)
             }
             Ok(Err(error)) => {
-                Counters::add(&counters.failed, 1);
+                counts.failed(mine);
                 if results.is_none() {
                     tracing::warn!(pool = %shared.name, job = index, %error, "job failed");
                 }
                 Err(JobError::Failed(error))
             }
             Err(panic) => {
-                Counters::add(&counters.panicked, 1);
+                counts.panicked(mine);
                 log_panic(&shared.name, index, &panic);
                 Err(JobError::Panicked(panic))
             }

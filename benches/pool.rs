@@ -1,0 +1,256 @@
+//! Worker pool throughput against the ways people hand-roll one.
+//!
+//! Three workloads (100k trivial jobs, 10k jobs that yield once, 10k jobs of about 1 µs of
+//! CPU), 4 workers, on a current-thread and a 2-worker multi-thread runtime, each with and
+//! without collecting results. Implementations:
+//!
+//! - `WorkerPool`: ours (`submit` in a loop, then `close`; results through its stream);
+//! - `async-channel`: the raw lower bound, a bounded async-channel and 4 spawned workers;
+//! - `buffer_unordered`: `stream::iter(jobs).map(handler).buffer_unordered(4)` in one task;
+//! - `JoinSet+Semaphore`: a task per job, at most 4 running, joined through the `JoinSet`;
+//! - `spawn_per_job`: `tokio::spawn` per job, no bound, handles awaited in order.
+//!
+//! `cargo bench -p taskweave-benches --bench pool`; ratios in `docs/benchmarks.md`.
+
+use std::hint::black_box;
+use std::sync::Arc;
+use std::time::Duration;
+
+use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+use futures::StreamExt;
+use taskweave::pool::WorkerPool;
+use tokio::runtime::{Builder, Runtime};
+use tokio::sync::Semaphore;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+const WORKERS: usize = 4;
+const CAPACITY: usize = 128;
+
+#[derive(Clone, Copy, Debug)]
+enum Workload {
+    Trivial,
+    YieldOnce,
+    Cpu,
+}
+
+impl Workload {
+    fn name(self) -> &'static str {
+        match self {
+            Workload::Trivial => "trivial",
+            Workload::YieldOnce => "yield_once",
+            Workload::Cpu => "cpu_1us",
+        }
+    }
+
+    fn jobs(self) -> u64 {
+        match self {
+            Workload::Trivial => 100_000,
+            Workload::YieldOnce | Workload::Cpu => 10_000,
+        }
+    }
+}
+
+/// About 1 µs of arithmetic on the bench machine (see `docs/benchmarks.md`).
+fn cpu_work(seed: u64) -> u64 {
+    let mut value = seed;
+    for _ in 0..CPU_ROUNDS {
+        value = black_box(
+            value
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1),
+        );
+    }
+    value
+}
+
+const CPU_ROUNDS: u32 = 700;
+
+async fn job(workload: Workload, input: u64) -> u64 {
+    match workload {
+        Workload::Trivial => black_box(input),
+        Workload::YieldOnce => {
+            tokio::task::yield_now().await;
+            black_box(input)
+        }
+        Workload::Cpu => cpu_work(input),
+    }
+}
+
+async fn worker_pool(workload: Workload, results: bool) -> u64 {
+    let token = CancellationToken::new();
+    let builder = WorkerPool::builder(WORKERS, CAPACITY);
+    let builder = if results {
+        builder.results(CAPACITY)
+    } else {
+        builder
+    };
+    let pool = builder.spawn(token.clone(), move |_token, input: u64| async move {
+        Ok::<_, std::convert::Infallible>(job(workload, input).await)
+    });
+    let produce = async {
+        for input in 0..workload.jobs() {
+            if pool.submit(&token, input).await.is_err() {
+                unreachable!("the pool is open");
+            }
+        }
+        pool.close().await;
+    };
+    if results {
+        let stream = pool.results().expect("enabled");
+        let consume = stream.fold(0_u64, |sum, (_, outcome)| async move {
+            sum.wrapping_add(outcome.unwrap_or_default())
+        });
+        tokio::join!(produce, consume).1
+    } else {
+        produce.await;
+        0
+    }
+}
+
+async fn async_channel_pool(workload: Workload, results: bool) -> u64 {
+    let (job_tx, job_rx) = async_channel::bounded::<u64>(CAPACITY);
+    let (result_tx, result_rx) = async_channel::bounded::<u64>(CAPACITY);
+    let mut workers = Vec::with_capacity(WORKERS);
+    for _ in 0..WORKERS {
+        let job_rx = job_rx.clone();
+        let result_tx = result_tx.clone();
+        workers.push(tokio::spawn(async move {
+            while let Ok(input) = job_rx.recv().await {
+                let output = job(workload, input).await;
+                if results {
+                    let _ = result_tx.send(output).await;
+                }
+            }
+        }));
+    }
+    drop(result_tx);
+    let produce = async {
+        for input in 0..workload.jobs() {
+            job_tx.send(input).await.unwrap();
+        }
+        job_tx.close();
+        for worker in workers {
+            worker.await.unwrap();
+        }
+    };
+    let consume = async {
+        let mut sum = 0_u64;
+        while let Ok(output) = result_rx.recv().await {
+            sum = sum.wrapping_add(output);
+        }
+        sum
+    };
+    tokio::join!(produce, consume).1
+}
+
+async fn buffer_unordered(workload: Workload, results: bool) -> u64 {
+    let outputs = futures::stream::iter(0..workload.jobs())
+        .map(|input| job(workload, input))
+        .buffer_unordered(WORKERS);
+    if results {
+        outputs
+            .fold(0_u64, |sum, output| async move { sum.wrapping_add(output) })
+            .await
+    } else {
+        outputs
+            .for_each(|output| async move {
+                black_box(output);
+            })
+            .await;
+        0
+    }
+}
+
+async fn join_set_semaphore(workload: Workload, results: bool) -> u64 {
+    let semaphore = Arc::new(Semaphore::new(WORKERS));
+    let mut set = JoinSet::new();
+    let mut sum = 0_u64;
+    for input in 0..workload.jobs() {
+        let permit = Arc::clone(&semaphore).acquire_owned().await.unwrap();
+        set.spawn(async move {
+            let output = job(workload, input).await;
+            drop(permit);
+            output
+        });
+        // Reap finished tasks as we go, so the set does not grow to every job.
+        while let Some(done) = set.try_join_next() {
+            let output = done.unwrap();
+            if results {
+                sum = sum.wrapping_add(output);
+            }
+        }
+    }
+    while let Some(done) = set.join_next().await {
+        let output = done.unwrap();
+        if results {
+            sum = sum.wrapping_add(output);
+        }
+    }
+    sum
+}
+
+async fn spawn_per_job(workload: Workload, results: bool) -> u64 {
+    let handles: Vec<_> = (0..workload.jobs())
+        .map(|input| tokio::spawn(job(workload, input)))
+        .collect();
+    let mut sum = 0_u64;
+    for handle in handles {
+        let output = handle.await.unwrap();
+        if results {
+            sum = sum.wrapping_add(output);
+        }
+    }
+    sum
+}
+
+fn runtimes() -> [(&'static str, Runtime); 2] {
+    let current = Builder::new_current_thread().build().unwrap();
+    let multi = Builder::new_multi_thread()
+        .worker_threads(2)
+        .build()
+        .unwrap();
+    [("current_thread", current), ("multi_thread_2", multi)]
+}
+
+fn pool(c: &mut Criterion) {
+    for (flavor, runtime) in runtimes() {
+        for workload in [Workload::Trivial, Workload::YieldOnce, Workload::Cpu] {
+            for results in [false, true] {
+                let mode = if results { "results" } else { "no_results" };
+                let mut group =
+                    c.benchmark_group(format!("pool/{}/{mode}/{flavor}", workload.name()));
+                group.throughput(Throughput::Elements(workload.jobs()));
+                group.sample_size(20);
+                group.warm_up_time(Duration::from_millis(500));
+                group.measurement_time(Duration::from_secs(2));
+                let jobs = workload.jobs();
+                group.bench_function(BenchmarkId::new("WorkerPool", jobs), |b| {
+                    b.iter(|| runtime.block_on(worker_pool(workload, results)));
+                });
+                group.bench_function(BenchmarkId::new("async-channel", jobs), |b| {
+                    b.iter(|| runtime.block_on(async_channel_pool(workload, results)));
+                });
+                group.bench_function(BenchmarkId::new("buffer_unordered", jobs), |b| {
+                    b.iter(|| runtime.block_on(buffer_unordered(workload, results)));
+                });
+                group.bench_function(BenchmarkId::new("JoinSet+Semaphore", jobs), |b| {
+                    b.iter(|| runtime.block_on(join_set_semaphore(workload, results)));
+                });
+                group.bench_function(BenchmarkId::new("spawn_per_job", jobs), |b| {
+                    b.iter(|| runtime.block_on(spawn_per_job(workload, results)));
+                });
+                if matches!(workload, Workload::Cpu) && !results {
+                    // The ideal for CPU work on 2 cores is half of this serial figure.
+                    group.bench_function(BenchmarkId::new("serial_cpu_work", jobs), |b| {
+                        b.iter(|| (0..jobs).fold(0_u64, |sum, input| sum ^ cpu_work(input)));
+                    });
+                }
+                group.finish();
+            }
+        }
+    }
+}
+
+criterion_group!(benches, pool);
+criterion_main!(benches);

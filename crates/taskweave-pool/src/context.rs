@@ -1,0 +1,143 @@
+//! `JobContext`: what a handler gets with each job, and the cheap cancellation flag behind it.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::task::{Context, Wake, Waker};
+
+use tokio_util::sync::{
+    CancellationToken, WaitForCancellationFuture, WaitForCancellationFutureOwned,
+};
+
+/// What a pool or batch handler receives with each job: the job's index and the token that is
+/// cancelled when the run or pool stops its handlers.
+///
+/// Cloning it is one reference-count increment. It exists because handing every job its own
+/// `CancellationToken` clone costs two lock round trips per job inside tokio-util, which was
+/// the largest single cost of a pool job (see `docs/benchmarks.md`); call
+/// [`token`](Self::token)`().clone()` when a callee needs an owned token.
+///
+/// # Examples
+///
+/// ```
+/// use taskweave_pool::{JobContext, run};
+/// use tokio_util::sync::CancellationToken;
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// let report = run(CancellationToken::new(), 2, ["a", "b"], |context: JobContext, name| async move {
+///     assert!(!context.is_cancelled());
+///     Ok::<_, String>(format!("{name}#{}", context.index()))
+/// })
+/// .await;
+/// assert_eq!(report.results[1].1.as_ref().unwrap(), "b#1");
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct JobContext {
+    index: u64,
+    cancel: Arc<CancelState>,
+}
+
+impl JobContext {
+    pub(crate) fn new(index: u64, cancel: Arc<CancelState>) -> Self {
+        JobContext { index, cancel }
+    }
+
+    /// The job's index: its position in the batch, or its acceptance order in the pool.
+    #[must_use]
+    pub fn index(&self) -> u64 {
+        self.index
+    }
+
+    /// The token that is cancelled when the handlers must stop.
+    #[must_use]
+    pub fn token(&self) -> &CancellationToken {
+        &self.cancel.token
+    }
+
+    /// `true` once the handlers must stop. A single atomic load, cheap enough for a hot loop.
+    #[must_use]
+    pub fn is_cancelled(&self) -> bool {
+        self.cancel.is_cancelled()
+    }
+
+    /// Completes when the handlers must stop; `token().cancelled()`.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe.
+    pub fn cancelled(&self) -> WaitForCancellationFuture<'_> {
+        self.cancel.token.cancelled()
+    }
+}
+
+impl fmt::Debug for JobContext {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("JobContext")
+            .field("index", &self.index)
+            .field("cancelled", &self.is_cancelled())
+            .finish()
+    }
+}
+
+/// A token plus a flag that mirrors its cancellation, readable with one atomic load.
+///
+/// `CancellationToken::is_cancelled` takes a lock. The flag is set by a waker registered on
+/// the token once: tokio-util wakes it synchronously inside `cancel()`, so once `cancel()` has
+/// returned on any thread, the flag reads `true` there and wherever that is observed.
+pub(crate) struct CancelState {
+    token: CancellationToken,
+    flag: Arc<Flag>,
+    // Keeps the waker registered on the token for as long as the flag is in use.
+    _watch: Pin<Box<WaitForCancellationFutureOwned>>,
+}
+
+struct Flag(AtomicBool);
+
+impl Wake for Flag {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        // Release pairs with the Acquire in `is_cancelled`: a reader that sees `true` also
+        // sees everything the canceller did before `cancel()`.
+        self.0.store(true, Ordering::Release);
+    }
+}
+
+impl CancelState {
+    pub(crate) fn new(token: CancellationToken) -> Arc<Self> {
+        let flag = Arc::new(Flag(AtomicBool::new(false)));
+        let mut watch = Box::pin(token.clone().cancelled_owned());
+        let waker = Waker::from(Arc::clone(&flag));
+        if watch
+            .as_mut()
+            .poll(&mut Context::from_waker(&waker))
+            .is_ready()
+        {
+            flag.wake_by_ref();
+        }
+        Arc::new(CancelState {
+            token,
+            flag,
+            _watch: watch,
+        })
+    }
+
+    pub(crate) fn token(&self) -> &CancellationToken {
+        &self.token
+    }
+
+    pub(crate) fn is_cancelled(&self) -> bool {
+        self.flag.0.load(Ordering::Acquire)
+    }
+
+    /// Cancels the token; the flag is set before this returns.
+    pub(crate) fn cancel(&self) {
+        self.token.cancel();
+    }
+}
