@@ -8,6 +8,7 @@ mod support;
 use std::time::Duration;
 
 use taskweave::periodic::{FirstRun, Periodic};
+use taskweave::pool::{JobContext, TrySubmitError, WorkerPool, run};
 use taskweave::supervise::{RestartPolicy, Supervisor, spawn};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -18,6 +19,7 @@ async fn main() {
     let root = CancellationToken::new();
     supervise(&root).await;
     periodic(&root).await;
+    pool(&root).await;
     println!("\ntour finished");
 }
 
@@ -153,4 +155,63 @@ async fn periodic(root: &CancellationToken) {
     token.cancel();
     let report = runner.await.expect("the runner itself never panics");
     println!("cleaner: {report}");
+}
+
+async fn pool(root: &CancellationToken) {
+    println!("\n== pool: bounded concurrency, every result back, nothing lost on stop ==");
+
+    // The batch runner: 10 jobs on 3 workers, one fails and one panics; cancelled at 150 ms.
+    let token = root.child_token();
+    let canceller = token.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        canceller.cancel();
+    });
+    let report = run(token, 3, 0..10_u32, |context: JobContext, n| async move {
+        tokio::time::sleep(Duration::from_millis(60)).await;
+        match n {
+            2 => Err(format!("job {n}: upstream said 500")),
+            4 => panic!("job {n}: malformed input"),
+            _ if context.is_cancelled() => Err(format!("job {n}: cancelled")),
+            _ => Ok(n * n),
+        }
+    })
+    .await;
+    for (index, outcome) in &report.results {
+        match outcome {
+            Ok(square) => println!("  job {index}: ok {square}"),
+            Err(error) => println!("  job {index}: {error}"),
+        }
+    }
+    let unstarted: Vec<usize> = report.unstarted.iter().map(|(index, _)| *index).collect();
+    println!(
+        "batch cancelled: {}, never started: {unstarted:?}",
+        report.cancelled
+    );
+
+    // A long-lived pool: 1 worker, room for 2 waiting jobs; the rest get "429".
+    let pool = WorkerPool::new(
+        root.child_token(),
+        1,
+        2,
+        |_context, order: u32| async move {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            Ok::<_, String>(order)
+        },
+    );
+    let mut answers = Vec::new();
+    for order in 1..=5 {
+        answers.push(match pool.try_submit(order) {
+            Ok(_) => "202",
+            Err(TrySubmitError::Full(_)) => "429",
+            Err(TrySubmitError::Closed(_)) => "503",
+            Err(_) => "500",
+        });
+    }
+    println!("answers to 5 orders: {answers:?}");
+    let report = pool.close().await;
+    println!(
+        "pool closed: {} completed, {} rejected, {} handed back",
+        report.metrics.completed, report.metrics.rejected, report.metrics.handed_back
+    );
 }

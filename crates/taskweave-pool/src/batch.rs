@@ -169,7 +169,7 @@ where
             // The handler is called inside the caught future, so a panic in the closure itself
             // (not only in the future it returns) is caught too.
             let context = JobContext::new(index as u64, Arc::clone(&self.cancel));
-            let caught = catch_panic("batch-job", async { (self.handler)(context, job).await })
+            let caught = catch_panic("batch", async { (self.handler)(context, job).await })
                 .without_logging()
                 .await;
             let outcome = match caught {

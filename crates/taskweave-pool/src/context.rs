@@ -95,7 +95,13 @@ pub(crate) struct CancelState {
     _watch: Pin<Box<WaitForCancellationFutureOwned>>,
 }
 
-struct Flag(AtomicBool);
+/// Runs inside `cancel()`, on the cancelling thread, right after the flag is set.
+pub(crate) type OnCancel = Box<dyn Fn() + Send + Sync>;
+
+struct Flag {
+    cancelled: AtomicBool,
+    on_cancel: Option<OnCancel>,
+}
 
 impl Wake for Flag {
     fn wake(self: Arc<Self>) {
@@ -105,13 +111,25 @@ impl Wake for Flag {
     fn wake_by_ref(self: &Arc<Self>) {
         // Release pairs with the Acquire in `is_cancelled`: a reader that sees `true` also
         // sees everything the canceller did before `cancel()`.
-        self.0.store(true, Ordering::Release);
+        let first = !self.cancelled.swap(true, Ordering::AcqRel);
+        if let (true, Some(on_cancel)) = (first, &self.on_cancel) {
+            on_cancel();
+        }
     }
 }
 
 impl CancelState {
     pub(crate) fn new(token: CancellationToken) -> Arc<Self> {
-        let flag = Arc::new(Flag(AtomicBool::new(false)));
+        Self::with_hook(token, None)
+    }
+
+    /// Like `new`, and runs `on_cancel` once when the token is cancelled (synchronously,
+    /// inside `cancel()`; or at once if it already is).
+    pub(crate) fn with_hook(token: CancellationToken, on_cancel: Option<OnCancel>) -> Arc<Self> {
+        let flag = Arc::new(Flag {
+            cancelled: AtomicBool::new(false),
+            on_cancel,
+        });
         let mut watch = Box::pin(token.clone().cancelled_owned());
         let waker = Waker::from(Arc::clone(&flag));
         if watch
@@ -133,7 +151,7 @@ impl CancelState {
     }
 
     pub(crate) fn is_cancelled(&self) -> bool {
-        self.flag.0.load(Ordering::Acquire)
+        self.flag.cancelled.load(Ordering::Acquire)
     }
 
     /// Cancels the token; the flag is set before this returns.

@@ -89,6 +89,8 @@ pub(crate) struct Shared<J, R, E> {
     /// The pool's token (a child of the caller's) with its cheap flag; handlers see it
     /// through their `JobContext`.
     pub(crate) cancel: Arc<CancelState>,
+    /// Jobs a worker received after the token was cancelled; handed back by `close`.
+    pub(crate) returned: Mutex<Vec<(u64, J)>>,
     pub(crate) counters: Counters,
     workers: Supervisor,
     results: Mutex<Option<Results<R, E>>>,
@@ -149,9 +151,10 @@ where
         Fut: Future<Output = Result<R, E>> + Send + 'static,
     {
         let (queue_tx, queue_rx) = async_channel::bounded(settings.capacity);
+        let closer = queue_tx.clone();
         let (results_tx, results) = match settings.results {
             Some(capacity) => {
-                let (tx, rx) = tokio::sync::mpsc::channel(capacity);
+                let (tx, rx) = async_channel::bounded(capacity);
                 (Some(tx), Some(Results::new(rx)))
             }
             None => (None, None),
@@ -164,7 +167,15 @@ where
             queue_rx,
             on_dropped: settings.on_dropped,
             workers: Supervisor::new(token.clone()),
-            cancel: CancelState::new(token),
+            // Cancellation closes the queue: workers blocked in `recv` and submitters blocked
+            // in `send` wake up at once, without each registering on the token.
+            cancel: CancelState::with_hook(
+                token,
+                Some(Box::new(move || {
+                    closer.close();
+                })),
+            ),
+            returned: Mutex::new(Vec::new()),
             counters: Counters::new(settings.workers),
             results: Mutex::new(results),
         });
@@ -222,10 +233,11 @@ where
         let send = shared
             .queue_tx
             .send(Queued::Reclaimable(index, Arc::clone(&slot)));
+        // The pool's own cancellation closes the queue, which fails the send: no need to
+        // watch its token here.
         let waited = tokio::select! {
             biased;
             () = token.cancelled() => Waited::Cancelled,
-            () = shared.cancel.token().cancelled() => Waited::Closed,
             sent = send => if sent.is_ok() { Waited::Queued } else { Waited::Closed },
         };
         if waited == Waited::Queued {
@@ -431,10 +443,11 @@ where
     /// Hands back what is still queued (only after a cancellation) and reports.
     fn finish(&self, interrupted: u64, deadline_expired: bool) -> CloseReport<J> {
         let shared = &self.handle.shared;
-        let mut handed_back = Vec::new();
+        let mut handed_back = std::mem::take(&mut *lock(&shared.returned));
         while let Ok(queued) = shared.queue_rx.try_recv() {
             handed_back.extend(queued.into_parts());
         }
+        handed_back.sort_unstable_by_key(|(index, _)| *index);
         Counters::add(&shared.counters.handed_back, handed_back.len() as u64);
         CloseReport {
             handed_back,

@@ -6,7 +6,6 @@ use std::task::{Context, Poll};
 
 use futures::Stream;
 use futures::stream::FusedStream;
-use tokio::sync::mpsc;
 
 use crate::JobResult;
 
@@ -17,17 +16,20 @@ use crate::JobResult;
 /// [`WorkerPoolBuilder::results`](crate::WorkerPoolBuilder::results)): a consumer that falls
 /// behind slows the workers down instead of growing memory. Dropping the stream is allowed;
 /// outcomes are then only counted. The stream ends after the last worker has exited.
+/// `size_hint` reports the outcomes already buffered as its lower bound.
 #[must_use = "streams do nothing unless polled"]
 pub struct Results<R, E> {
-    receiver: mpsc::Receiver<(u64, JobResult<R, E>)>,
-    done: bool,
+    // Boxed so that `Results` is `Unpin` (async-channel's receiver is not) and `.next()`
+    // works without pinning.
+    receiver: Pin<Box<Receiver<R, E>>>,
 }
 
+type Receiver<R, E> = async_channel::Receiver<(u64, JobResult<R, E>)>;
+
 impl<R, E> Results<R, E> {
-    pub(crate) fn new(receiver: mpsc::Receiver<(u64, JobResult<R, E>)>) -> Self {
+    pub(crate) fn new(receiver: Receiver<R, E>) -> Self {
         Results {
-            receiver,
-            done: false,
+            receiver: Box::pin(receiver),
         }
     }
 }
@@ -36,18 +38,11 @@ impl<R, E> Stream for Results<R, E> {
     type Item = (u64, JobResult<R, E>);
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        if self.done {
-            return Poll::Ready(None);
-        }
-        let item = std::task::ready!(self.receiver.poll_recv(cx));
-        if item.is_none() {
-            self.done = true;
-        }
-        Poll::Ready(item)
+        self.receiver.as_mut().poll_next(cx)
     }
 
     fn size_hint(&self) -> (usize, Option<usize>) {
-        if self.done {
+        if self.receiver.is_terminated() {
             (0, Some(0))
         } else {
             (self.receiver.len(), None)
@@ -57,7 +52,7 @@ impl<R, E> Stream for Results<R, E> {
 
 impl<R, E> FusedStream for Results<R, E> {
     fn is_terminated(&self) -> bool {
-        self.done
+        self.receiver.is_terminated()
     }
 }
 
@@ -65,7 +60,7 @@ impl<R, E> fmt::Debug for Results<R, E> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Results")
             .field("buffered", &self.receiver.len())
-            .field("done", &self.done)
+            .field("done", &self.receiver.is_terminated())
             .finish()
     }
 }

@@ -6,9 +6,8 @@ use std::sync::Arc;
 
 use async_channel::TryRecvError;
 use taskweave_supervise::catch_panic;
-use tokio::sync::mpsc;
 
-use super::{Shared, log_panic};
+use super::{Shared, lock, log_panic};
 use crate::pool::metrics::LocalCounts;
 use crate::{JobContext, JobError, JobResult};
 
@@ -16,7 +15,7 @@ pub(crate) async fn work<J, R, E, H, Fut>(
     shared: Arc<Shared<J, R, E>>,
     worker: usize,
     handler: Arc<H>,
-    results: Option<mpsc::Sender<(u64, JobResult<R, E>)>>,
+    results: Option<async_channel::Sender<(u64, JobResult<R, E>)>>,
 ) where
     E: fmt::Display,
     H: Fn(JobContext, J) -> Fut,
@@ -26,25 +25,23 @@ pub(crate) async fn work<J, R, E, H, Fut>(
     let mine = &counters.workers[worker];
     let mut counts = LocalCounts::default();
     loop {
-        if shared.cancel.is_cancelled() {
-            break;
-        }
-        // Fast path without registering on the token: most of the time a job is waiting.
-        let next = match shared.queue_rx.try_recv() {
-            Ok(item) => Some(item),
-            Err(TryRecvError::Closed) => None,
-            Err(TryRecvError::Empty) => tokio::select! {
-                biased;
-                () = shared.cancel.token().cancelled() => None,
-                item = shared.queue_rx.recv() => item.ok(),
+        // Fast path first; the slow path needs no token: cancellation closes the queue.
+        let queued = match shared.queue_rx.try_recv() {
+            Ok(queued) => queued,
+            Err(TryRecvError::Closed) => break,
+            Err(TryRecvError::Empty) => match shared.queue_rx.recv().await {
+                Ok(queued) => queued,
+                Err(_closed_and_empty) => break,
             },
-        };
-        let Some(queued) = next else {
-            break;
         };
         let Some((index, job)) = queued.into_parts() else {
             continue;
         };
+        if shared.cancel.is_cancelled() {
+            // Taken after the cancellation: it never starts, it goes back to the caller.
+            lock(&shared.returned).push((index, job));
+            break;
+        }
         counts.started(mine);
         let context = JobContext::new(index, Arc::clone(&shared.cancel));
         // The handler is called inside the caught future, so a panic in the closure itself is
