@@ -116,7 +116,8 @@ where
     let queue: VecDeque<(usize, J)> = jobs.into_iter().enumerate().collect();
     let total = queue.len();
     let shared = Arc::new(Batch {
-        cancel: CancelState::new(token),
+        // A child: a handler cancelling its context's token stops this run, not the caller.
+        cancel: CancelState::new(token.child_token()),
         queue: Mutex::new(queue),
         results: Mutex::new(Vec::with_capacity(total)),
         handler,

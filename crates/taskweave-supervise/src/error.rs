@@ -39,6 +39,27 @@ pub struct PanicError {
 }
 
 impl PanicError {
+    /// A `PanicError` for a panic payload caught elsewhere (a `JoinError::into_panic`, your own
+    /// `catch_unwind`), where neither the location nor a backtrace is known.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use taskweave_supervise::PanicError;
+    ///
+    /// let payload = std::panic::catch_unwind(|| panic!("parse error")).unwrap_err();
+    /// let panic = PanicError::from_payload("parser", payload.as_ref());
+    /// assert_eq!(panic.message(), "parse error");
+    /// assert_eq!(panic.location(), None);
+    /// ```
+    #[must_use]
+    pub fn from_payload(
+        name: impl Into<TaskName>,
+        payload: &(dyn std::any::Any + Send),
+    ) -> PanicError {
+        crate::catch::panic_error_from_payload(name.into(), payload)
+    }
+
     /// The name of the task that panicked.
     #[must_use]
     pub fn name(&self) -> &TaskName {

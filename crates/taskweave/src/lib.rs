@@ -10,6 +10,7 @@
 //! | [`supervise`] | `taskweave-supervise` | panic-capturing spawn, supervisor with drain and restarts |
 //! | [`periodic`] | `taskweave-periodic` | periodic jobs without bursts or overlap |
 //! | [`pool`] | `taskweave-pool` | batch runner and long-lived worker pool |
+//! | [`group`] | `taskweave-group` | errgroup-style task groups, ordered parallel map |
 //!
 //! # Example
 //!
@@ -34,3 +35,7 @@ pub use taskweave_periodic as periodic;
 #[cfg(feature = "pool")]
 #[doc(inline)]
 pub use taskweave_pool as pool;
+
+#[cfg(feature = "group")]
+#[doc(inline)]
+pub use taskweave_group as group;

@@ -29,7 +29,8 @@ pub struct PoolMetrics {
     pub dropped: u64,
     /// Queued jobs handed back by a close after cancellation or a deadline.
     pub handed_back: u64,
-    /// Jobs waiting in the queue now.
+    /// Jobs accepted and not started: waiting in the queue, or taken by a worker after the
+    /// token was cancelled and waiting to be handed back by `close`.
     pub queued: u64,
     /// Handlers running now.
     pub in_flight: u64,
@@ -41,11 +42,11 @@ pub struct PoolMetrics {
 /// [`close_within`](crate::WorkerPool::close_within) leave you with.
 #[non_exhaustive]
 pub struct CloseReport<J> {
-    /// Jobs that were accepted but never started, `(index, job)` in queue order. Empty after a
+    /// Jobs that were accepted but never started, `(index, job)` sorted by index. Empty after a
     /// plain `close()` of a pool whose token was not cancelled: those drain every job.
     pub handed_back: Vec<(u64, J)>,
-    /// Handlers that were running when the deadline passed and saw their token cancelled
-    /// (they still ended, and are counted by how they ended).
+    /// Handlers that were running when the pool's token was cancelled (by the deadline or the
+    /// parent) and returned after it; they are also counted by how they ended.
     pub interrupted: u64,
     /// `true` when the deadline of `close_within` passed before the queue drained.
     pub deadline_expired: bool,
@@ -93,6 +94,7 @@ pub(crate) struct WorkerCounters {
     completed: AtomicU64,
     failed: AtomicU64,
     panicked: AtomicU64,
+    interrupted: AtomicU64,
 }
 
 /// A worker's own copy of its counters; `publish_*` store the new totals.
@@ -102,27 +104,37 @@ pub(crate) struct LocalCounts {
     completed: u64,
     failed: u64,
     panicked: u64,
+    interrupted: u64,
 }
 
+// Release stores, Acquire loads in `snapshot`: a reader that sees a job finished also sees it
+// started (the worker stores `started` first). On x86 both are plain moves.
 impl LocalCounts {
     pub(crate) fn started(&mut self, shared: &WorkerCounters) {
         self.started += 1;
-        shared.started.store(self.started, Ordering::Relaxed);
+        shared.started.store(self.started, Ordering::Release);
     }
 
     pub(crate) fn completed(&mut self, shared: &WorkerCounters) {
         self.completed += 1;
-        shared.completed.store(self.completed, Ordering::Relaxed);
+        shared.completed.store(self.completed, Ordering::Release);
     }
 
     pub(crate) fn failed(&mut self, shared: &WorkerCounters) {
         self.failed += 1;
-        shared.failed.store(self.failed, Ordering::Relaxed);
+        shared.failed.store(self.failed, Ordering::Release);
     }
 
     pub(crate) fn panicked(&mut self, shared: &WorkerCounters) {
         self.panicked += 1;
-        shared.panicked.store(self.panicked, Ordering::Relaxed);
+        shared.panicked.store(self.panicked, Ordering::Release);
+    }
+
+    pub(crate) fn interrupted(&mut self, shared: &WorkerCounters) {
+        self.interrupted += 1;
+        shared
+            .interrupted
+            .store(self.interrupted, Ordering::Release);
     }
 }
 
@@ -138,15 +150,25 @@ impl Counters {
         counter.fetch_add(amount, Ordering::Relaxed);
     }
 
+    /// Handlers that returned after the pool's token was cancelled.
+    pub(crate) fn interrupted(&self) -> u64 {
+        self.workers
+            .iter()
+            .map(|worker| worker.interrupted.load(Ordering::Acquire))
+            .sum()
+    }
+
     pub(crate) fn snapshot(&self, queued: usize) -> PoolMetrics {
         let load = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
+        let acquire = |counter: &AtomicU64| counter.load(Ordering::Acquire);
         let (mut started, mut completed, mut failed, mut panicked) = (0, 0, 0, 0);
         for worker in &self.workers {
-            // Finished counts first: a job then never looks finished but not started.
-            completed += load(&worker.completed);
-            failed += load(&worker.failed);
-            panicked += load(&worker.panicked);
-            started += load(&worker.started);
+            // Finished counts first (Acquire), then started: a job never looks finished but
+            // not started.
+            completed += acquire(&worker.completed);
+            failed += acquire(&worker.failed);
+            panicked += acquire(&worker.panicked);
+            started += acquire(&worker.started);
         }
         PoolMetrics {
             submitted: load(&self.next_index).saturating_sub(load(&self.refused)),

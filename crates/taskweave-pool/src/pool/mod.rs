@@ -7,7 +7,7 @@ mod worker;
 
 use std::fmt;
 use std::future::Future;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -42,7 +42,10 @@ use metrics::Counters;
 /// Jobs run on the pool's own worker tasks, so a submitter that awaits something else never
 /// stalls them (unlike `buffer_unordered`, whose futures only progress while the stream is
 /// polled). `WorkerPool` is a cheap handle: clones share the pool, and when the last clone is
-/// dropped the queue closes and the workers exit after draining it.
+/// dropped the queue closes and the workers exit after draining it (after a cancellation the
+/// jobs that can no longer be handed back go to the `on_dropped` callback and are counted as
+/// dropped). A handler that keeps a clone of its own pool keeps the pool alive: hold a clone
+/// outside the handler and close it explicitly.
 ///
 /// # Choosing the sizes
 ///
@@ -91,6 +94,8 @@ pub(crate) struct Shared<J, R, E> {
     pub(crate) cancel: Arc<CancelState>,
     /// Jobs a worker received after the token was cancelled; handed back by `close`.
     pub(crate) returned: Mutex<Vec<(u64, J)>>,
+    /// Set when the last handle is dropped: nobody can collect handed-back jobs any more.
+    pub(crate) detached: AtomicBool,
     pub(crate) counters: Counters,
     workers: Supervisor,
     results: Mutex<Option<Results<R, E>>>,
@@ -100,6 +105,33 @@ impl<J, R, E> Shared<J, R, E> {
     /// Closes the queue (idempotent); blocked submitters wake up and get their job back.
     pub(crate) fn close_queue(&self) -> bool {
         self.queue_tx.close()
+    }
+
+    /// Takes every accepted job that never started: those set aside by workers after a
+    /// cancellation and those still queued, sorted by index.
+    fn take_unstarted(&self) -> Vec<(u64, J)> {
+        let mut unstarted = std::mem::take(&mut *lock(&self.returned));
+        while let Ok(queued) = self.queue_rx.try_recv() {
+            unstarted.extend(queued.into_parts());
+        }
+        unstarted.sort_unstable_by_key(|(index, _)| *index);
+        unstarted
+    }
+
+    /// After the last handle and the last worker are gone, nobody can hand the unstarted jobs
+    /// back: they are counted as dropped and passed to `on_dropped`, never silently lost.
+    pub(crate) fn abandon_leftovers(&self) {
+        let leftovers = self.take_unstarted();
+        if leftovers.is_empty() {
+            return;
+        }
+        Counters::add(&self.counters.dropped, leftovers.len() as u64);
+        tracing::warn!(pool = %self.name, jobs = leftovers.len(), "pool dropped after cancellation without close: unstarted jobs dropped");
+        if let Some(on_dropped) = &self.on_dropped {
+            for (index, job) in leftovers {
+                on_dropped(index, job);
+            }
+        }
     }
 }
 
@@ -176,6 +208,7 @@ where
                 })),
             ),
             returned: Mutex::new(Vec::new()),
+            detached: AtomicBool::new(false),
             counters: Counters::new(settings.workers),
             results: Mutex::new(results),
         });
@@ -201,8 +234,8 @@ where
     }
 
     /// Queues `job`, waiting for space when the queue is full and the policy is
-    /// [`Overflow::Block`]. Returns the job's index (acceptance order; a refused submission
-    /// may leave a gap).
+    /// [`Overflow::Block`]. Returns the job's index, taken when the submission starts (a
+    /// refused submission leaves a gap; blocked submitters are not served in index order).
     ///
     /// With [`Overflow::Reject`] a full queue refuses at once; with [`Overflow::DropOldest`]
     /// the oldest queued job makes room.
@@ -216,15 +249,26 @@ where
     /// # Cancel safety
     ///
     /// Cancel safe in the sense that matters: if the future is dropped before it completes,
-    /// the job was not queued (it is dropped with the future). To keep the job on
-    /// cancellation, pass the token instead: `Cancelled(job)` hands it back.
+    /// the job was not queued (it is dropped with the future) and the submission is counted
+    /// as not accepted. To keep the job on cancellation, pass the token instead:
+    /// `Cancelled(job)` hands it back.
     pub async fn submit(&self, token: &CancellationToken, job: J) -> Result<u64, SubmitError<J>> {
         let shared = &self.handle.shared;
         let index = shared.counters.next_index.fetch_add(1, Ordering::Relaxed);
+        // Counts the submission as refused if this future is dropped before it resolves (or a
+        // drop callback unwinds through it): the job was then never accepted.
+        let mut unresolved = Unresolved::new(&shared.counters);
         let (index, job) = match self.enqueue((index, job)) {
-            Ok(()) => return Ok(index),
+            Ok(evicted) => {
+                unresolved.disarm();
+                self.drop_evicted(evicted);
+                return Ok(index);
+            }
             Err(Refused::Full(item)) if shared.overflow == Overflow::Block => item,
-            Err(refused) => return Err(self.refuse(refused).into()),
+            Err(refused) => {
+                unresolved.disarm();
+                return Err(self.refuse(refused).into());
+            }
         };
         // Slow path: wait inside the channel's own send, which wakes exactly when a worker
         // frees a slot. A send future drops its message when it is cancelled, so the job sits
@@ -240,6 +284,7 @@ where
             () = token.cancelled() => Waited::Cancelled,
             sent = send => if sent.is_ok() { Waited::Queued } else { Waited::Closed },
         };
+        unresolved.disarm();
         if waited == Waited::Queued {
             return Ok(index);
         }
@@ -266,15 +311,19 @@ where
     /// [`TrySubmitError::Full`] with the job when the queue is full, or
     /// [`TrySubmitError::Closed`] when the pool is closed.
     pub fn try_submit(&self, job: J) -> Result<u64, TrySubmitError<J>> {
-        let index = self
-            .handle
-            .shared
-            .counters
-            .next_index
-            .fetch_add(1, Ordering::Relaxed);
+        let counters = &self.handle.shared.counters;
+        let index = counters.next_index.fetch_add(1, Ordering::Relaxed);
+        let mut unresolved = Unresolved::new(counters);
         match self.enqueue((index, job)) {
-            Ok(()) => Ok(index),
-            Err(refused) => Err(self.refuse(refused)),
+            Ok(evicted) => {
+                unresolved.disarm();
+                self.drop_evicted(evicted);
+                Ok(index)
+            }
+            Err(refused) => {
+                unresolved.disarm();
+                Err(self.refuse(refused))
+            }
         }
     }
 
@@ -290,36 +339,58 @@ where
     }
 
     /// One attempt to queue, applying the drop-oldest policy.
-    fn enqueue(&self, (index, job): (u64, J)) -> Result<(), Refused<J>> {
+    /// On success returns the jobs evicted to make room (drop-oldest); the caller settles its
+    /// own accounting first, then calls [`drop_evicted`](Self::drop_evicted), so that a
+    /// panicking `on_dropped` callback cannot make an accepted job look refused.
+    fn enqueue(&self, (index, job): (u64, J)) -> Result<Vec<(u64, J)>, Refused<J>> {
         let shared = &self.handle.shared;
         let mut item = Queued::Inline(index, job);
-        loop {
+        // The oldest jobs taken out to make room: dropped only once the new job is in.
+        let mut evicted = Vec::new();
+        let outcome = loop {
             match shared.queue_tx.try_send(item) {
-                Ok(()) => return Ok(()),
+                Ok(()) => break Ok(()),
                 Err(TrySendError::Closed(refused)) => {
-                    return Err(Refused::Closed(refused.into_inline()));
+                    break Err(Refused::Closed(refused.into_inline()));
                 }
                 Err(TrySendError::Full(refused)) if shared.overflow == Overflow::DropOldest => {
                     item = refused;
                     // A worker may take the oldest first; then the next try finds space.
-                    let oldest = shared.queue_rx.try_recv().ok().and_then(Queued::into_parts);
-                    if let Some((dropped_index, dropped)) = oldest {
-                        Counters::add(&shared.counters.dropped, 1);
-                        tracing::debug!(pool = %shared.name, job = dropped_index, "queue full: oldest job dropped");
-                        if let Some(on_dropped) = &shared.on_dropped {
-                            on_dropped(dropped_index, dropped);
-                        }
-                    }
+                    evicted.extend(shared.queue_rx.try_recv().ok().and_then(Queued::into_parts));
                 }
                 Err(TrySendError::Full(refused)) => {
-                    return Err(Refused::Full(refused.into_inline()));
+                    break Err(Refused::Full(refused.into_inline()));
                 }
+            }
+        };
+        if let Err(refused) = outcome {
+            // The pool closed in between: the evicted jobs were not replaced, so they are
+            // handed back at close instead of being dropped for nothing.
+            lock(&shared.returned).extend(evicted);
+            return Err(refused);
+        }
+        Ok(evicted)
+    }
+
+    /// Counts the evicted jobs as dropped and hands them to `on_dropped`.
+    fn drop_evicted(&self, evicted: Vec<(u64, J)>) {
+        let shared = &self.handle.shared;
+        for (dropped_index, dropped) in evicted {
+            Counters::add(&shared.counters.dropped, 1);
+            tracing::debug!(pool = %shared.name, job = dropped_index, "queue full: oldest job dropped");
+            if let Some(on_dropped) = &shared.on_dropped {
+                on_dropped(dropped_index, dropped);
             }
         }
     }
 
     /// Takes the results stream, if it was enabled with
     /// [`WorkerPoolBuilder::results`] and not taken yet.
+    ///
+    /// Take it before closing (a close drops a stream nobody took), and drain it while
+    /// `close` runs: a full stream makes the workers wait, so a caller that awaits `close`
+    /// before reading more than the stream's capacity waits for ever. After a cancellation the
+    /// workers no longer wait on a full stream; outcomes that do not fit are only counted.
     ///
     /// # Examples
     ///
@@ -340,8 +411,8 @@ where
     /// for n in 1..=3 {
     ///     pool.try_submit(n).unwrap();
     /// }
-    /// pool.close().await;
-    /// let mut outcomes: Vec<_> = results.collect().await;
+    /// // Drain while closing: the stream ends once the workers are gone.
+    /// let (_report, mut outcomes) = tokio::join!(pool.close(), results.collect::<Vec<_>>());
     /// outcomes.sort_by_key(|(index, _)| *index);
     /// assert_eq!(outcomes[0].1.as_ref().unwrap(), &1);
     /// assert!(outcomes[1].1.is_err());
@@ -371,7 +442,7 @@ where
         self.stop_intake();
         let shared = &self.handle.shared;
         shared.workers.wait().await;
-        self.finish(0, false)
+        self.finish(false)
     }
 
     /// Like [`close`](Self::close), but when `deadline` passes first, cancels the pool's token
@@ -424,13 +495,12 @@ where
         let shared = &self.handle.shared;
         let drained = tokio::time::timeout(deadline, shared.workers.wait()).await;
         if drained.is_ok() {
-            return self.finish(0, false);
+            return self.finish(false);
         }
-        let interrupted = self.metrics().in_flight;
-        tracing::warn!(pool = %shared.name, ?deadline, interrupted, "close deadline passed: cancelling handlers");
+        tracing::warn!(pool = %shared.name, ?deadline, in_flight = self.metrics().in_flight, "close deadline passed: cancelling handlers");
         shared.cancel.cancel();
         shared.workers.wait().await;
-        self.finish(interrupted, true)
+        self.finish(true)
     }
 
     fn stop_intake(&self) {
@@ -438,20 +508,19 @@ where
         if shared.close_queue() {
             tracing::debug!(pool = %shared.name, "worker pool closing");
         }
+        // A results stream nobody took can never be drained: drop it, so that no worker waits
+        // on it (its outcomes are then only counted).
+        drop(lock(&shared.results).take());
     }
 
     /// Hands back what is still queued (only after a cancellation) and reports.
-    fn finish(&self, interrupted: u64, deadline_expired: bool) -> CloseReport<J> {
+    fn finish(&self, deadline_expired: bool) -> CloseReport<J> {
         let shared = &self.handle.shared;
-        let mut handed_back = std::mem::take(&mut *lock(&shared.returned));
-        while let Ok(queued) = shared.queue_rx.try_recv() {
-            handed_back.extend(queued.into_parts());
-        }
-        handed_back.sort_unstable_by_key(|(index, _)| *index);
+        let handed_back = shared.take_unstarted();
         Counters::add(&shared.counters.handed_back, handed_back.len() as u64);
         CloseReport {
             handed_back,
-            interrupted,
+            interrupted: shared.counters.interrupted(),
             deadline_expired,
             metrics: self.metrics(),
         }
@@ -463,7 +532,9 @@ impl<J, R, E> WorkerPool<J, R, E> {
     #[must_use]
     pub fn metrics(&self) -> PoolMetrics {
         let shared = &self.handle.shared;
-        shared.counters.snapshot(shared.queue_tx.len())
+        shared
+            .counters
+            .snapshot(shared.queue_tx.len() + lock(&shared.returned).len())
     }
 
     /// Jobs waiting in the queue.
@@ -484,8 +555,7 @@ impl<J, R, E> WorkerPool<J, R, E> {
         self.metrics().in_flight
     }
 
-    /// `true` once the pool accepts no more jobs (closed, or its token cancelled and its
-    /// workers gone).
+    /// `true` once the pool accepts no more jobs: closed, dropped, or its token cancelled.
     #[must_use]
     pub fn is_closed(&self) -> bool {
         self.handle.shared.queue_tx.is_closed()
@@ -508,9 +578,43 @@ impl<J, R, E> Clone for WorkerPool<J, R, E> {
 
 impl<J, R, E> Drop for Handle<J, R, E> {
     fn drop(&mut self) {
+        let shared = &self.shared;
         // The last handle is gone: nobody can submit or close any more. Closing the queue lets
         // the workers drain it and exit, so no task outlives its pool.
-        self.shared.close_queue();
+        shared.close_queue();
+        drop(lock(&shared.results).take());
+        // SeqCst, paired with the last worker's exit (see `WorkerExit`).
+        shared.detached.store(true, Ordering::SeqCst);
+        if shared.counters.workers_alive.load(Ordering::SeqCst) == 0 {
+            shared.abandon_leftovers();
+        }
+    }
+}
+
+/// Counts a submission as refused unless disarmed: see `submit`.
+struct Unresolved<'a> {
+    counters: &'a Counters,
+    armed: bool,
+}
+
+impl<'a> Unresolved<'a> {
+    fn new(counters: &'a Counters) -> Self {
+        Unresolved {
+            counters,
+            armed: true,
+        }
+    }
+
+    fn disarm(&mut self) {
+        self.armed = false;
+    }
+}
+
+impl Drop for Unresolved<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            Counters::add(&self.counters.refused, 1);
+        }
     }
 }
 
@@ -571,7 +675,7 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 /// Logs a caught handler panic with the pool's name and the job's index.
 pub(crate) fn log_panic(pool: &str, index: u64, panic: &PanicError) {
     tracing::error!(
-        pool,
+        pool = %pool,
         job = index,
         panic = %panic.message(),
         location = panic.location().unwrap_or("unknown"),

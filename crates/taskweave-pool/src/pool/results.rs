@@ -9,8 +9,10 @@ use futures::stream::FusedStream;
 
 use crate::JobResult;
 
-/// The outcomes of a [`WorkerPool`](crate::WorkerPool)'s jobs, `(index, outcome)` in
-/// completion order; taken once with [`WorkerPool::results`](crate::WorkerPool::results).
+/// The outcomes of a [`WorkerPool`](crate::WorkerPool)'s jobs, `(index, outcome)` in the order
+/// they were delivered (completion order, except that under backpressure a worker that
+/// finished later may deliver first); taken once with
+/// [`WorkerPool::results`](crate::WorkerPool::results).
 ///
 /// The channel behind it is bounded (the capacity given to
 /// [`WorkerPoolBuilder::results`](crate::WorkerPoolBuilder::results)): a consumer that falls

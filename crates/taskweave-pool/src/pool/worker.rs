@@ -3,8 +3,9 @@
 use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
-use async_channel::TryRecvError;
+use async_channel::{TryRecvError, TrySendError};
 use taskweave_supervise::catch_panic;
 
 use super::{Shared, lock, log_panic};
@@ -21,8 +22,9 @@ pub(crate) async fn work<J, R, E, H, Fut>(
     H: Fn(JobContext, J) -> Fut,
     Fut: Future<Output = Result<R, E>>,
 {
-    let counters = &shared.counters;
-    let mine = &counters.workers[worker];
+    // Runs on every way out of this function, unwinding included.
+    let _exit = WorkerExit(&shared);
+    let mine = &shared.counters.workers[worker];
     let mut counts = LocalCounts::default();
     loop {
         // Fast path first; the slow path needs no token: cancellation closes the queue.
@@ -49,6 +51,10 @@ pub(crate) async fn work<J, R, E, H, Fut>(
         let caught = catch_panic(shared.name.clone(), async { handler(context, job).await })
             .without_logging()
             .await;
+        if shared.cancel.is_cancelled() {
+            // The handler returned after the cancellation: it was running when it came.
+            counts.interrupted(mine);
+        }
         let outcome = match caught {
             Ok(Ok(value)) => {
                 counts.completed(mine);
@@ -57,7 +63,7 @@ pub(crate) async fn work<J, R, E, H, Fut>(
             Ok(Err(error)) => {
                 counts.failed(mine);
                 if results.is_none() {
-                    tracing::warn!(pool = %shared.name, job = index, %error, "job failed");
+                    tracing::debug!(pool = %shared.name, job = index, %error, "job failed");
                 }
                 Err(JobError::Failed(error))
             }
@@ -68,17 +74,52 @@ pub(crate) async fn work<J, R, E, H, Fut>(
             }
         };
         if let Some(results) = &results {
-            // A dropped results stream is allowed: the outcome is then only counted.
-            let _ = results.send((index, outcome)).await;
+            deliver(&shared, results, index, outcome).await;
         }
     }
-    // The last worker out closes the queue, so that submitters see `Closed` after the token was
-    // cancelled, and wakes the ones blocked on a full queue.
-    if counters
-        .workers_alive
-        .fetch_sub(1, std::sync::atomic::Ordering::Relaxed)
-        == 1
-    {
-        shared.close_queue();
+}
+
+/// Sends an outcome to the results stream, waiting while it is full, except after a
+/// cancellation: then a full stream must not keep the worker (and `close_within`) waiting,
+/// and an outcome that does not fit is only counted.
+async fn deliver<J, R, E>(
+    shared: &Shared<J, R, E>,
+    results: &async_channel::Sender<(u64, JobResult<R, E>)>,
+    index: u64,
+    outcome: JobResult<R, E>,
+) {
+    let item = match results.try_send((index, outcome)) {
+        // A dropped stream is allowed: the outcome is then only counted.
+        Ok(()) | Err(TrySendError::Closed(_)) => return,
+        Err(TrySendError::Full(item)) => item,
+    };
+    if shared.cancel.is_cancelled() {
+        tracing::debug!(pool = %shared.name, job = index, "results stream full after cancellation: outcome only counted");
+        return;
+    }
+    tokio::select! {
+        biased;
+        () = shared.cancel.token().cancelled() => {
+            tracing::debug!(pool = %shared.name, job = index, "results stream full after cancellation: outcome only counted");
+        }
+        _sent = results.send(item) => {}
+    }
+}
+
+/// The worker's exit steps, in a guard so that they also run if the worker unwinds.
+struct WorkerExit<'a, J, R, E>(&'a Shared<J, R, E>);
+
+impl<J, R, E> Drop for WorkerExit<'_, J, R, E> {
+    fn drop(&mut self) {
+        let shared = self.0;
+        // SeqCst, paired with `Handle::drop`: of the last worker out and the last handle
+        // dropped, at least one sees the other and abandons what nobody can collect any more.
+        if shared.counters.workers_alive.fetch_sub(1, Ordering::SeqCst) == 1 {
+            // Submitters see `Closed` after a cancellation, and blocked ones wake up.
+            shared.close_queue();
+            if shared.detached.load(Ordering::SeqCst) {
+                shared.abandon_leftovers();
+            }
+        }
     }
 }

@@ -1,7 +1,7 @@
 //! Public types are `Send + Sync + Unpin` when their contents are.
 
 use taskweave_pool::{
-    BatchReport, CloseReport, JobError, Overflow, PoolMetrics, Results, SubmitError,
+    BatchReport, CloseReport, JobContext, JobError, Overflow, PoolMetrics, Results, SubmitError,
     TrySubmitError, WorkerPool, WorkerPoolBuilder,
 };
 
@@ -19,6 +19,7 @@ fn public_types_are_send_sync_and_unpin() {
     send_sync_unpin::<SubmitError<String>>();
     send_sync_unpin::<TrySubmitError<String>>();
     send_sync_unpin::<JobError<String>>();
+    send_sync_unpin::<JobContext>();
 }
 
 #[test]

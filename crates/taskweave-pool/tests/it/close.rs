@@ -137,6 +137,55 @@ async fn dropping_the_last_handle_drains_the_queue_and_ends_the_workers() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn after_a_cancellation_the_metrics_still_account_for_every_job() {
+    let token = CancellationToken::new();
+    let pool = sleepy_pool(token.clone(), 2);
+    for job in [100, 100, 100, 100, 100] {
+        pool.try_submit(job).unwrap();
+    }
+    tokio::time::sleep(10 * MS).await;
+    token.cancel();
+    // Let the workers see it and stop; no close yet.
+    while pool.metrics().workers_alive > 0 {
+        tokio::task::yield_now().await;
+    }
+    let m = pool.metrics();
+    assert_eq!(m.failed, 2, "the two running jobs saw their token");
+    assert_eq!(m.queued, 3, "the rest wait to be handed back");
+    assert_eq!(
+        m.submitted,
+        m.completed + m.failed + m.panicked + m.dropped + m.queued
+    );
+    assert_eq!(pool.close().await.handed_back.len(), 3);
+}
+
+#[tokio::test(start_paused = true)]
+async fn dropping_the_pool_after_a_cancellation_drops_leftovers_through_the_callback() {
+    let baseline = alive_tasks();
+    let token = CancellationToken::new();
+    let dropped = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let sink = std::sync::Arc::clone(&dropped);
+    let pool = WorkerPool::builder(1, 10)
+        .on_dropped(move |index, _job: u64| sink.lock().unwrap().push(index))
+        .spawn(token.clone(), |context, job: u64| async move {
+            tokio::select! {
+                () = context.cancelled() => Err(format!("job {job} interrupted")),
+                () = tokio::time::sleep(Duration::from_millis(job)) => Ok(job),
+            }
+        });
+    for job in [100, 100, 100] {
+        pool.try_submit(job).unwrap();
+    }
+    tokio::time::sleep(10 * MS).await;
+    token.cancel();
+    drop(pool);
+    assert_no_leaked_tasks(baseline).await;
+    let mut indices = dropped.lock().unwrap().clone();
+    indices.sort_unstable();
+    assert_eq!(indices, [1, 2], "never silently lost");
+}
+
+#[tokio::test(start_paused = true)]
 #[should_panic(expected = "deadline must be greater than zero")]
 async fn zero_deadline_is_a_programmer_error() {
     let pool = sleepy_pool(CancellationToken::new(), 1);

@@ -71,6 +71,55 @@ async fn dropping_the_results_stream_early_does_not_stall_or_leak() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_results_stream_never_taken_does_not_block_close() {
+    let baseline = alive_tasks();
+    let pool = pool_with_results();
+    for job in 0..14 {
+        pool.try_submit(job).unwrap();
+    }
+    let report = pool.close().await;
+    assert_eq!(
+        report.metrics.completed + report.metrics.failed + report.metrics.panicked,
+        14
+    );
+    drop(pool);
+    assert_no_leaked_tasks(baseline).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn dropping_the_results_stream_wakes_workers_blocked_on_it() {
+    let baseline = alive_tasks();
+    let pool = pool_with_results();
+    let mut results = pool.results().unwrap();
+    for job in 0..12 {
+        pool.try_submit(job).unwrap();
+    }
+    assert!(results.next().await.is_some());
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(!pool.is_empty(), "workers are blocked on the full stream");
+    drop(results);
+    let report = pool.close().await;
+    assert_eq!(
+        report.metrics.completed + report.metrics.failed + report.metrics.panicked,
+        12
+    );
+    drop(pool);
+    assert_no_leaked_tasks(baseline).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn close_within_is_not_held_up_by_a_full_results_stream() {
+    let pool = pool_with_results();
+    let _results = pool.results().unwrap(); // taken, never read
+    for job in 0..12 {
+        pool.try_submit(job).unwrap();
+    }
+    let report = pool.close_within(Duration::from_millis(500)).await;
+    assert!(report.deadline_expired);
+    assert!(!report.handed_back.is_empty());
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_slow_results_consumer_applies_backpressure_to_the_workers() {
     let pool = pool_with_results();
     let mut results = pool.results().unwrap();

@@ -120,7 +120,20 @@ async fn cancelling_the_pools_token_wakes_a_blocked_submitter_with_closed() {
     let mut submit = tokio_test::task::spawn(pool.submit(&caller, 2));
     assert_pending!(submit.poll());
     parent.cancel();
+    assert!(
+        submit.is_woken(),
+        "the cancellation closes the queue and wakes the submitter"
+    );
     assert_eq!(assert_ready!(submit.poll()), Err(SubmitError::Closed(2)));
+    drop(submit);
+    gate.open(1);
+    let report = pool.close().await;
+    assert_eq!(report.handed_back.len(), 1, "job 1 never started");
+    let m = report.metrics;
+    assert_eq!(
+        m.submitted,
+        m.completed + m.failed + m.panicked + m.dropped + m.handed_back
+    );
 }
 
 #[tokio::test]
@@ -186,6 +199,45 @@ async fn drop_oldest_keeps_the_newest_and_hands_the_dropped_to_the_callback() {
         (6, 3, 3)
     );
     assert_eq!(metrics.rejected, 0);
+}
+
+#[tokio::test]
+async fn try_submit_refuses_under_reject_and_evicts_under_drop_oldest() {
+    for overflow in [Overflow::Reject, Overflow::DropOldest] {
+        let gate = Gate::closed();
+        let pool = gated_pool(overflow, &gate);
+        occupy_worker(&pool).await;
+        pool.try_submit(1).unwrap();
+        let second = pool.try_submit(2);
+        match overflow {
+            Overflow::Reject => assert_eq!(second, Err(TrySubmitError::Full(2))),
+            _ => {
+                assert_eq!(second, Ok(2));
+                assert_eq!(pool.metrics().dropped, 1, "job 1 made room");
+            }
+        }
+        gate.open(2);
+        pool.close().await;
+    }
+}
+
+#[tokio::test]
+async fn a_submit_dropped_while_waiting_is_counted_as_refused() {
+    let gate = Gate::closed();
+    let pool = gated_pool(Overflow::Block, &gate);
+    occupy_worker(&pool).await;
+    pool.try_submit(1).unwrap();
+    let token = CancellationToken::new();
+    let mut submit = tokio_test::task::spawn(pool.submit(&token, 2));
+    assert_pending!(submit.poll());
+    drop(submit); // a caller's timeout gave up on it: job 2 was never accepted
+    gate.open(2);
+    let m = pool.close().await.metrics;
+    assert_eq!(m.submitted, 2);
+    assert_eq!(
+        m.submitted,
+        m.completed + m.failed + m.panicked + m.dropped + m.handed_back
+    );
 }
 
 #[tokio::test]

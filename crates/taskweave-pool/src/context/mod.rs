@@ -86,8 +86,10 @@ impl fmt::Debug for JobContext {
 /// A token plus a flag that mirrors its cancellation, readable with one atomic load.
 ///
 /// `CancellationToken::is_cancelled` takes a lock. The flag is set by a waker registered on
-/// the token once: tokio-util wakes it synchronously inside `cancel()`, so once `cancel()` has
-/// returned on any thread, the flag reads `true` there and wherever that is observed.
+/// the token once, which tokio-util wakes from inside `cancel()` (of the token or an
+/// ancestor). `CancelState::cancel` also sets it itself, so that after the pool cancels its
+/// own token the flag is `true` without depending on that detail. For a cancellation that
+/// comes from an ancestor, the flag follows as soon as that waker runs.
 pub(crate) struct CancelState {
     token: CancellationToken,
     flag: Arc<Flag>,
@@ -154,8 +156,14 @@ impl CancelState {
         self.flag.cancelled.load(Ordering::Acquire)
     }
 
-    /// Cancels the token; the flag is set before this returns.
+    /// Cancels the token; the flag is set (and the hook has run) before this returns.
     pub(crate) fn cancel(&self) {
         self.token.cancel();
+        // tokio-util wakes our waker inside `cancel()`, but when another thread cancelled a
+        // parent at the same moment, its wake-up may still be on the way: set it here too.
+        self.flag.wake_by_ref();
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,92 @@
+//! Errors: why a task of a group produced no success, and why a spawn was refused.
+
+use std::error::Error;
+use std::fmt;
+
+use taskweave_supervise::PanicError;
+
+/// How a task of a group failed.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum TaskFailure<E> {
+    /// The task returned `Err`.
+    Failed(E),
+    /// The task panicked; the panic carries its message, location and backtrace (and was
+    /// logged at error level).
+    Panicked(PanicError),
+    /// The item never ran: the caller's token was cancelled first (only from
+    /// [`map_parallel_all`](crate::map_parallel_all) and [`map_parallel`](crate::map_parallel)).
+    NotStarted,
+}
+
+impl<E> TaskFailure<E> {
+    /// `true` when the task panicked.
+    #[must_use]
+    pub fn is_panic(&self) -> bool {
+        matches!(self, TaskFailure::Panicked(_))
+    }
+
+    /// The task's own error, if it returned one.
+    #[must_use]
+    pub fn into_failed(self) -> Option<E> {
+        match self {
+            TaskFailure::Failed(error) => Some(error),
+            TaskFailure::Panicked(_) | TaskFailure::NotStarted => None,
+        }
+    }
+}
+
+impl<E: fmt::Display> fmt::Display for TaskFailure<E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            TaskFailure::Failed(error) => fmt::Display::fmt(error, f),
+            TaskFailure::Panicked(panic) => fmt::Display::fmt(panic, f),
+            TaskFailure::NotStarted => f.write_str("not started: cancelled"),
+        }
+    }
+}
+
+// `E: Debug + Display` rather than `E: Error`, so that `anyhow::Error` works too.
+impl<E: fmt::Debug + fmt::Display> Error for TaskFailure<E> {}
+
+/// A spawn that was refused; the future is handed back.
+#[derive(PartialEq, Eq)]
+#[non_exhaustive]
+pub enum SpawnError<F> {
+    /// Every slot of the limit is taken ([`TaskGroup::try_spawn`](crate::TaskGroup::try_spawn)),
+    /// or the limit is zero, so no slot will ever free up.
+    Full(F),
+    /// The group's token is cancelled (a task failed, or the parent was cancelled): a new task
+    /// would only see a cancelled token.
+    Cancelled(F),
+}
+
+impl<F> SpawnError<F> {
+    /// Takes back the refused future.
+    #[must_use]
+    pub fn into_inner(self) -> F {
+        match self {
+            SpawnError::Full(future) | SpawnError::Cancelled(future) => future,
+        }
+    }
+}
+
+impl<F> fmt::Debug for SpawnError<F> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SpawnError::Full(_) => f.write_str("Full(..)"),
+            SpawnError::Cancelled(_) => f.write_str("Cancelled(..)"),
+        }
+    }
+}
+
+impl<F> fmt::Display for SpawnError<F> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            SpawnError::Full(_) => "group full",
+            SpawnError::Cancelled(_) => "group cancelled",
+        })
+    }
+}
+
+impl<F> Error for SpawnError<F> {}

@@ -1,0 +1,69 @@
+//! `Slots`: the optional concurrency limit shared by the group types.
+
+use std::sync::Arc;
+
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio_util::sync::CancellationToken;
+
+/// A concurrency limit (or none). A slot is an owned semaphore permit that the task holds
+/// until it ends, however it ends (a panic is caught inside the task, an abort drops it).
+#[derive(Debug, Default)]
+pub(crate) struct Slots {
+    semaphore: Option<Arc<Semaphore>>,
+    limit: Option<usize>,
+}
+
+/// Why no slot was had.
+pub(crate) enum NoSlot {
+    /// All taken (or the limit is zero).
+    Full,
+    /// The token was cancelled while waiting.
+    Cancelled,
+}
+
+impl Slots {
+    pub(crate) fn limited(limit: usize) -> Self {
+        Slots {
+            semaphore: Some(Arc::new(Semaphore::new(limit))),
+            limit: Some(limit),
+        }
+    }
+
+    pub(crate) fn limit(&self) -> Option<usize> {
+        self.limit
+    }
+
+    /// A slot without waiting.
+    pub(crate) fn try_take(&self) -> Result<Option<OwnedSemaphorePermit>, NoSlot> {
+        match &self.semaphore {
+            None => Ok(None),
+            Some(semaphore) => Arc::clone(semaphore)
+                .try_acquire_owned()
+                .map(Some)
+                .map_err(|_| NoSlot::Full),
+        }
+    }
+
+    /// A slot, waiting for one unless `token` is cancelled first. A zero limit never frees a
+    /// slot, so it is refused at once instead of waiting forever.
+    pub(crate) async fn take(
+        &self,
+        token: &CancellationToken,
+    ) -> Result<Option<OwnedSemaphorePermit>, NoSlot> {
+        let Some(semaphore) = &self.semaphore else {
+            return Ok(None);
+        };
+        if self.limit == Some(0) {
+            return Err(NoSlot::Full);
+        }
+        if let Ok(permit) = Arc::clone(semaphore).try_acquire_owned() {
+            return Ok(Some(permit));
+        }
+        tokio::select! {
+            biased;
+            () = token.cancelled() => Err(NoSlot::Cancelled),
+            // The semaphore is never closed, so acquiring only fails if it were.
+            permit = Arc::clone(semaphore).acquire_owned() => permit.map(Some).map_err(|_| NoSlot::Full),
+        }
+    }
+}

@@ -1,0 +1,7 @@
+//! Integration tests of taskweave-group, one module per concept.
+
+mod auto_traits;
+mod collect;
+mod group;
+mod map;
+mod support;

@@ -1,0 +1,183 @@
+//! Ordered parallel map: input order, first failure cancels, collect-all, limits.
+
+use std::time::Duration;
+
+use proptest::prelude::*;
+use taskweave_group::{TaskFailure, map_parallel, map_parallel_all};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::support::{Concurrency, alive_tasks, assert_no_leaked_tasks};
+
+#[tokio::test(start_paused = true)]
+async fn results_come_back_in_input_order_with_the_limit_respected() {
+    let concurrency = Concurrency::default();
+    let tracker = concurrency.clone();
+    let delays = [50_u64, 10, 40, 20, 30, 5, 45];
+    let results = map_parallel(CancellationToken::new(), delays, 3, move |_token, ms| {
+        let tracker = tracker.clone();
+        async move {
+            let _inside = tracker.enter();
+            tokio::time::sleep(Duration::from_millis(ms)).await;
+            Ok::<_, String>(ms * 2)
+        }
+    })
+    .await
+    .unwrap();
+    assert_eq!(results, delays.map(|ms| ms * 2));
+    assert_eq!(concurrency.peak(), 3);
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_first_failure_cancels_the_rest_and_stops_new_calls() {
+    let baseline = alive_tasks();
+    let started = Instant::now();
+    let failure = map_parallel(
+        CancellationToken::new(),
+        0..100_u64,
+        4,
+        |token, n| async move {
+            if n == 2 {
+                tokio::time::sleep(Duration::from_millis(15)).await;
+                return Err(format!("item {n} failed"));
+            }
+            tokio::select! {
+                () = token.cancelled() => Err(format!("item {n} cancelled")),
+                () = tokio::time::sleep(Duration::from_millis(10)) => Ok(n),
+            }
+        },
+    )
+    .await
+    .unwrap_err();
+    assert!(matches!(&failure, TaskFailure::Failed(message) if message == "item 2 failed"));
+    assert_eq!(
+        started.elapsed(),
+        Duration::from_millis(15),
+        "no call started after it"
+    );
+    assert_no_leaked_tasks(baseline).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_panicking_call_is_a_failure() {
+    let failure = map_parallel(
+        CancellationToken::new(),
+        [1, 2, 3],
+        2,
+        |_token, n: u8| async move {
+            assert!(n != 2, "bad item");
+            Ok::<_, String>(n)
+        },
+    )
+    .await
+    .unwrap_err();
+    assert!(failure.is_panic());
+}
+
+#[tokio::test(start_paused = true)]
+async fn collect_all_runs_everything_and_keeps_every_outcome_in_order() {
+    let outcomes = map_parallel_all(
+        CancellationToken::new(),
+        0..6_u64,
+        2,
+        |_token, n| async move {
+            tokio::time::sleep(Duration::from_millis(10 - n)).await;
+            if n % 3 == 0 {
+                Err(format!("{n} is divisible by 3"))
+            } else {
+                Ok(n)
+            }
+        },
+    )
+    .await;
+    let summary: Vec<Result<u64, String>> = outcomes
+        .into_iter()
+        .map(|outcome| outcome.map_err(|failure| failure.to_string()))
+        .collect();
+    assert_eq!(
+        summary,
+        [
+            Err("0 is divisible by 3".to_owned()),
+            Ok(1),
+            Ok(2),
+            Err("3 is divisible by 3".to_owned()),
+            Ok(4),
+            Ok(5)
+        ]
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn items_not_started_before_the_callers_cancellation_are_reported() {
+    let token = CancellationToken::new();
+    let canceller = token.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(15)).await;
+        canceller.cancel();
+    });
+    let outcomes = map_parallel_all(token, 0..5_u64, 1, |_token, n| async move {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        Ok::<_, String>(n)
+    })
+    .await;
+    // Item 0 ran 0..10 ms, item 1 10..20 ms (started before the cancel); 2..4 never started.
+    assert!(outcomes[0].is_ok() && outcomes[1].is_ok());
+    assert!(
+        outcomes[2..]
+            .iter()
+            .all(|o| matches!(o, Err(TaskFailure::NotStarted)))
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn dropping_the_map_aborts_its_calls() {
+    let baseline = alive_tasks();
+    let map = map_parallel(CancellationToken::new(), 0..10, 3, |_token, _n: u8| async {
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        Ok::<_, String>(())
+    });
+    assert!(
+        tokio::time::timeout(Duration::from_millis(5), map)
+            .await
+            .is_err()
+    );
+    assert_no_leaked_tasks(baseline).await;
+}
+
+#[tokio::test]
+#[should_panic(expected = "limit must be greater than zero")]
+async fn a_zero_limit_is_a_programmer_error() {
+    let _ = map_parallel(CancellationToken::new(), [1], 0, |_t, n: u8| async move {
+        Ok::<_, String>(n)
+    })
+    .await;
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    // Whatever order the calls complete in, the results come back in input order.
+    #[test]
+    fn results_keep_input_order_under_random_completion_order(
+        delays in proptest::collection::vec(0_u64..50, 0..40),
+        limit in 1_usize..8,
+    ) {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .start_paused(true)
+            .build()
+            .unwrap();
+        let expected: Vec<(usize, u64)> = delays.iter().copied().enumerate().collect();
+        let inputs = expected.clone();
+        let results = runtime.block_on(map_parallel(
+            CancellationToken::new(),
+            inputs,
+            limit,
+            |_token, (index, ms)| async move {
+                tokio::time::sleep(Duration::from_millis(ms)).await;
+                Ok::<_, String>((index, ms))
+            },
+        ));
+        prop_assert_eq!(results.unwrap(), expected);
+    }
+}
