@@ -7,6 +7,7 @@ mod support;
 
 use std::time::Duration;
 
+use taskweave::group::{CollectGroup, TaskGroup, map_parallel};
 use taskweave::periodic::{FirstRun, Periodic};
 use taskweave::pool::{JobContext, TrySubmitError, WorkerPool, run};
 use taskweave::supervise::{RestartPolicy, Supervisor, spawn};
@@ -20,6 +21,7 @@ async fn main() {
     supervise(&root).await;
     periodic(&root).await;
     pool(&root).await;
+    group(&root).await;
     println!("\ntour finished");
 }
 
@@ -214,4 +216,57 @@ async fn pool(root: &CancellationToken) {
         "pool closed: {} completed, {} rejected, {} handed back",
         report.metrics.completed, report.metrics.rejected, report.metrics.handed_back
     );
+}
+
+async fn group(root: &CancellationToken) {
+    println!("\n== group: the first failure cancels the rest; or collect every failure ==");
+    let mut page = TaskGroup::new(root.clone());
+    for (source, ms, fails) in [
+        ("profile", 10_u64, false),
+        ("orders", 20, true),
+        ("ads", 1_000, false),
+    ] {
+        let token = page.token();
+        page.spawn(async move {
+            tokio::select! {
+                () = token.cancelled() => Err(format!("{source}: cancelled")),
+                () = tokio::time::sleep(Duration::from_millis(ms)) => {
+                    if fails { Err(format!("{source}: 503")) } else { Ok(()) }
+                }
+            }
+        })
+        .await
+        .expect("no limit");
+    }
+    let started = Instant::now();
+    let outcome = page.wait().await.map_err(|failure| failure.to_string());
+    println!(
+        "page: {outcome:?} after {} ms (the 1 s source was cancelled, its error did not win)",
+        started.elapsed().as_millis()
+    );
+
+    let mut notify = CollectGroup::new(root.clone()).with_limit(2);
+    for user in 1..=5_u32 {
+        notify
+            .spawn(user, async move {
+                if user == 2 || user == 4 {
+                    Err("mailbox full")
+                } else {
+                    Ok(())
+                }
+            })
+            .await
+            .expect("not cancelled");
+    }
+    let report = notify.wait().await;
+    let failed: Vec<u32> = report.failures.iter().map(|(user, _)| *user).collect();
+    println!("notified {} users, failed: {failed:?}", report.succeeded);
+
+    let squares = map_parallel(root.clone(), 1..=6_u64, 3, |_token, n| async move {
+        tokio::time::sleep(Duration::from_millis(30 - n * 4)).await;
+        Ok::<_, String>(n * n)
+    })
+    .await
+    .expect("no failure");
+    println!("map_parallel keeps input order: {squares:?}");
 }
