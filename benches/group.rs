@@ -3,6 +3,9 @@
 //!
 //! `cargo bench -p taskweave-benches --bench group`; ratios in `docs/benchmarks.md`.
 
+#[path = "common.rs"]
+mod common;
+
 use std::hint::black_box;
 use std::sync::Arc;
 use std::time::Duration;
@@ -10,7 +13,6 @@ use std::time::Duration;
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use futures::StreamExt;
 use taskweave::group::{TaskGroup, map_parallel};
-use tokio::runtime::{Builder, Runtime};
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
@@ -19,17 +21,8 @@ const TASKS: u64 = 10_000;
 const ITEMS: u64 = 10_000;
 const LIMIT: usize = 8;
 
-fn runtimes() -> [(&'static str, Runtime); 2] {
-    let current = Builder::new_current_thread().build().unwrap();
-    let multi = Builder::new_multi_thread()
-        .worker_threads(2)
-        .build()
-        .unwrap();
-    [("current_thread", current), ("multi_thread_2", multi)]
-}
-
 fn spawn_and_wait(c: &mut Criterion) {
-    for (flavor, runtime) in runtimes() {
+    for (flavor, runtime) in common::runtimes() {
         let mut group = c.benchmark_group(format!("group_spawn_wait/{flavor}"));
         group.throughput(Throughput::Elements(TASKS));
         group.sample_size(30);
@@ -96,7 +89,7 @@ async fn work(n: u64) -> u64 {
 }
 
 fn ordered_map(c: &mut Criterion) {
-    for (flavor, runtime) in runtimes() {
+    for (flavor, runtime) in common::runtimes() {
         let mut group = c.benchmark_group(format!("group_ordered_map/{flavor}"));
         group.throughput(Throughput::Elements(ITEMS));
         group.sample_size(30);

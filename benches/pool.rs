@@ -12,6 +12,9 @@
 //!
 //! `cargo bench -p taskweave-benches --bench pool`; ratios in `docs/benchmarks.md`.
 
+#[path = "common.rs"]
+mod common;
+
 use std::hint::black_box;
 use std::sync::Arc;
 use std::time::Duration;
@@ -19,7 +22,6 @@ use std::time::Duration;
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use futures::StreamExt;
 use taskweave::pool::WorkerPool;
-use tokio::runtime::{Builder, Runtime};
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
@@ -204,17 +206,8 @@ async fn spawn_per_job(workload: Workload, results: bool) -> u64 {
     sum
 }
 
-fn runtimes() -> [(&'static str, Runtime); 2] {
-    let current = Builder::new_current_thread().build().unwrap();
-    let multi = Builder::new_multi_thread()
-        .worker_threads(2)
-        .build()
-        .unwrap();
-    [("current_thread", current), ("multi_thread_2", multi)]
-}
-
 fn pool(c: &mut Criterion) {
-    for (flavor, runtime) in runtimes() {
+    for (flavor, runtime) in common::runtimes() {
         for workload in [Workload::Trivial, Workload::YieldOnce, Workload::Cpu] {
             for results in [false, true] {
                 let mode = if results { "results" } else { "no_results" };

@@ -4,27 +4,20 @@
 //! spawn, one poll, completion and join. Run with `cargo bench -p taskweave-benches --bench
 //! supervise`; the ratios go in `docs/benchmarks.md`.
 
+#[path = "common.rs"]
+mod common;
+
 use std::hint::black_box;
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use taskweave::supervise::{Supervisor, spawn};
-use tokio::runtime::{Builder, Runtime};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 const TASKS: u64 = 1_000;
 
-fn runtimes() -> [(&'static str, Runtime); 2] {
-    let current = Builder::new_current_thread().build().unwrap();
-    let multi = Builder::new_multi_thread()
-        .worker_threads(2)
-        .build()
-        .unwrap();
-    [("current_thread", current), ("multi_thread_2", multi)]
-}
-
 fn spawn_and_join(c: &mut Criterion) {
-    for (flavor, runtime) in runtimes() {
+    for (flavor, runtime) in common::runtimes() {
         let mut group = c.benchmark_group(format!("spawn_and_join/{flavor}"));
         group.throughput(Throughput::Elements(TASKS));
 

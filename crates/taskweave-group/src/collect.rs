@@ -9,7 +9,7 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use crate::group::lock;
-use crate::slots::{NoSlot, Slots};
+use crate::slots::{Slot, Slots};
 use crate::{SpawnError, TaskFailure};
 
 /// A group of independent tasks: a failure does not cancel the others, and
@@ -150,17 +150,9 @@ impl<L: Send + 'static, E: Send + 'static> CollectGroup<L, E> {
     where
         F: Future<Output = Result<(), E>> + Send + 'static,
     {
-        if self.token.is_cancelled() {
-            return Err(SpawnError::Cancelled(future));
-        }
-        match self.slots.take(&self.token).await {
-            Ok(permit) => {
-                self.start(label, future, permit);
-                Ok(())
-            }
-            Err(NoSlot::Full) => Err(SpawnError::Full(future)),
-            Err(NoSlot::Cancelled) => Err(SpawnError::Cancelled(future)),
-        }
+        let (future, slot) = self.slots.claim(&self.token, future).await?;
+        self.start(label, future, slot);
+        Ok(())
     }
 
     /// Spawns `future` labelled `label` only if a slot is free now.
@@ -176,19 +168,12 @@ impl<L: Send + 'static, E: Send + 'static> CollectGroup<L, E> {
     where
         F: Future<Output = Result<(), E>> + Send + 'static,
     {
-        if self.token.is_cancelled() {
-            return Err(SpawnError::Cancelled(future));
-        }
-        match self.slots.try_take() {
-            Ok(permit) => {
-                self.start(label, future, permit);
-                Ok(())
-            }
-            Err(_) => Err(SpawnError::Full(future)),
-        }
+        let (future, slot) = self.slots.try_claim(&self.token, future)?;
+        self.start(label, future, slot);
+        Ok(())
     }
 
-    fn start<F>(&mut self, label: L, future: F, permit: Option<tokio::sync::OwnedSemaphorePermit>)
+    fn start<F>(&mut self, label: L, future: F, permit: Slot)
     where
         F: Future<Output = Result<(), E>> + Send + 'static,
     {

@@ -8,7 +8,7 @@ use taskweave_supervise::{PanicError, catch_panic};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-use crate::slots::{NoSlot, Slots};
+use crate::slots::{Slot, Slots};
 use crate::{SpawnError, TaskFailure};
 
 /// A group of tasks where the first failure cancels the others, like Go's `errgroup`.
@@ -146,17 +146,9 @@ impl<E: Send + 'static> TaskGroup<E> {
     where
         F: Future<Output = Result<(), E>> + Send + 'static,
     {
-        if self.token.is_cancelled() {
-            return Err(SpawnError::Cancelled(future));
-        }
-        match self.slots.take(&self.token).await {
-            Ok(permit) => {
-                self.start(future, permit);
-                Ok(())
-            }
-            Err(NoSlot::Full) => Err(SpawnError::Full(future)),
-            Err(NoSlot::Cancelled) => Err(SpawnError::Cancelled(future)),
-        }
+        let (future, slot) = self.slots.claim(&self.token, future).await?;
+        self.start(future, slot);
+        Ok(())
     }
 
     /// Spawns `future` only if a slot is free now.
@@ -173,19 +165,12 @@ impl<E: Send + 'static> TaskGroup<E> {
     where
         F: Future<Output = Result<(), E>> + Send + 'static,
     {
-        if self.token.is_cancelled() {
-            return Err(SpawnError::Cancelled(future));
-        }
-        match self.slots.try_take() {
-            Ok(permit) => {
-                self.start(future, permit);
-                Ok(())
-            }
-            Err(_) => Err(SpawnError::Full(future)),
-        }
+        let (future, slot) = self.slots.try_claim(&self.token, future)?;
+        self.start(future, slot);
+        Ok(())
     }
 
-    fn start<F>(&mut self, future: F, permit: Option<tokio::sync::OwnedSemaphorePermit>)
+    fn start<F>(&mut self, future: F, permit: Slot)
     where
         F: Future<Output = Result<(), E>> + Send + 'static,
     {

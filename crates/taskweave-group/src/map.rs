@@ -173,9 +173,7 @@ where
             let Some((index, item)) = items.next() else {
                 break;
             };
-            if slots.len() <= index {
-                slots.resize_with(index + 1, || None);
-            }
+            reserve(&mut slots, index);
             let f = Arc::clone(&f);
             let call_token = CancellationToken::new();
             in_flight.0.push((index, call_token.clone()));
@@ -225,11 +223,16 @@ where
     }
     // Items never read from the iterator count too.
     for (index, _item) in items {
-        if slots.len() <= index {
-            slots.resize_with(index + 1, || None);
-        }
+        reserve(&mut slots, index);
     }
     (slots, first_failure)
+}
+
+/// Makes room for the outcome of item `index`.
+fn reserve<R, E>(slots: &mut Slots<R, E>, index: usize) {
+    if slots.len() <= index {
+        slots.resize_with(index + 1, || None);
+    }
 }
 
 /// The tokens of the calls in flight (at most `limit`), by item index.

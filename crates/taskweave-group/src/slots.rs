@@ -5,6 +5,11 @@ use std::sync::Arc;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 
+use crate::SpawnError;
+
+/// A claimed slot: a permit, or nothing when there is no limit.
+pub(crate) type Slot = Option<OwnedSemaphorePermit>;
+
 /// A concurrency limit (or none). A slot is an owned semaphore permit that the task holds
 /// until it ends, however it ends (a panic is caught inside the task, an abort drops it).
 #[derive(Debug, Default)]
@@ -64,6 +69,40 @@ impl Slots {
             () = token.cancelled() => Err(NoSlot::Cancelled),
             // The semaphore is never closed, so acquiring only fails if it were.
             permit = Arc::clone(semaphore).acquire_owned() => permit.map(Some).map_err(|_| NoSlot::Full),
+        }
+    }
+}
+
+impl Slots {
+    /// What `spawn` does before starting a task: refuse when `token` is cancelled, then wait
+    /// for a slot. The future comes back in every refusal.
+    pub(crate) async fn claim<F>(
+        &self,
+        token: &CancellationToken,
+        future: F,
+    ) -> Result<(F, Slot), SpawnError<F>> {
+        if token.is_cancelled() {
+            return Err(SpawnError::Cancelled(future));
+        }
+        match self.take(token).await {
+            Ok(slot) => Ok((future, slot)),
+            Err(NoSlot::Full) => Err(SpawnError::Full(future)),
+            Err(NoSlot::Cancelled) => Err(SpawnError::Cancelled(future)),
+        }
+    }
+
+    /// What `try_spawn` does: the same without waiting.
+    pub(crate) fn try_claim<F>(
+        &self,
+        token: &CancellationToken,
+        future: F,
+    ) -> Result<(F, Slot), SpawnError<F>> {
+        if token.is_cancelled() {
+            return Err(SpawnError::Cancelled(future));
+        }
+        match self.try_take() {
+            Ok(slot) => Ok((future, slot)),
+            Err(_) => Err(SpawnError::Full(future)),
         }
     }
 }
