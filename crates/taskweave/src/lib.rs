@@ -11,6 +11,7 @@
 //! | [`periodic`] | `taskweave-periodic` | periodic jobs without bursts or overlap |
 //! | [`pool`] | `taskweave-pool` | batch runner and long-lived worker pool |
 //! | [`group`] | `taskweave-group` | errgroup-style task groups, ordered parallel map |
+//! | [`semaphore`] | `taskweave-semaphore` | fair, cancellable, resizable semaphore |
 //!
 //! # Example
 //!
@@ -39,3 +40,7 @@ pub use taskweave_pool as pool;
 #[cfg(feature = "group")]
 #[doc(inline)]
 pub use taskweave_group as group;
+
+#[cfg(feature = "semaphore")]
+#[doc(inline)]
+pub use taskweave_semaphore as semaphore;

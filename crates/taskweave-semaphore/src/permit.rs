@@ -1,0 +1,86 @@
+//! RAII permits: released on drop, so a forgotten release cannot leak a slot.
+
+use std::fmt;
+use std::sync::Arc;
+
+use crate::semaphore::Inner;
+
+/// Permits borrowed from a [`Semaphore`](crate::Semaphore), released when dropped.
+#[must_use = "the permits are released as soon as this is dropped"]
+pub struct Permit<'a> {
+    inner: &'a Inner,
+    permits: u32,
+}
+
+/// Permits of a [`Semaphore`](crate::Semaphore) that own a reference to it, for `'static`
+/// use (moving into a spawned task); released when dropped.
+#[must_use = "the permits are released as soon as this is dropped"]
+pub struct OwnedPermit {
+    inner: Arc<Inner>,
+    permits: u32,
+}
+
+impl<'a> Permit<'a> {
+    pub(crate) fn new(inner: &'a Inner, permits: u32) -> Self {
+        Permit { inner, permits }
+    }
+
+    /// How many permits this holds.
+    #[must_use]
+    pub fn num_permits(&self) -> u32 {
+        self.permits
+    }
+
+    /// Gives the permits up for good: the semaphore's capacity shrinks by as many. For a
+    /// resource that is gone (a connection that died), not as a way to skip the release.
+    pub fn forget(mut self) {
+        self.inner.forget(self.permits);
+        self.permits = 0;
+    }
+}
+
+impl OwnedPermit {
+    pub(crate) fn new(inner: Arc<Inner>, permits: u32) -> Self {
+        OwnedPermit { inner, permits }
+    }
+
+    /// How many permits this holds.
+    #[must_use]
+    pub fn num_permits(&self) -> u32 {
+        self.permits
+    }
+
+    /// Gives the permits up for good: the semaphore's capacity shrinks by as many.
+    pub fn forget(mut self) {
+        self.inner.forget(self.permits);
+        self.permits = 0;
+    }
+}
+
+impl Drop for Permit<'_> {
+    fn drop(&mut self) {
+        self.inner.release(self.permits);
+    }
+}
+
+impl Drop for OwnedPermit {
+    fn drop(&mut self) {
+        self.inner.release(self.permits);
+    }
+}
+
+impl fmt::Debug for Permit<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Permit")
+            .field("permits", &self.permits)
+            .finish()
+    }
+}
+
+impl fmt::Debug for OwnedPermit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("OwnedPermit")
+            .field("permits", &self.permits)
+            .finish()
+    }
+}

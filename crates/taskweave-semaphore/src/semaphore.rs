@@ -1,0 +1,434 @@
+//! `Semaphore`: a fair, cancellable, resizable semaphore built on tokio's.
+
+use std::fmt;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use tokio::sync::{Notify, TryAcquireError as TokioTryAcquireError};
+use tokio_util::sync::CancellationToken;
+
+use crate::{AcquireError, OwnedPermit, Permit, TryAcquireError};
+
+/// A counting and weighted semaphore: at most `capacity` permits are out at once.
+///
+/// - [`acquire`](Self::acquire) / [`acquire_many`](Self::acquire_many) wait for permits or the
+///   caller's token, and say which ended the wait: [`AcquireError::Cancelled`] or
+///   [`AcquireError::Closed`]. A request larger than the whole capacity fails at once with
+///   [`AcquireError::TooLarge`] instead of waiting for ever at the head of the queue.
+/// - Permits are RAII values ([`Permit`], or [`OwnedPermit`] for `'static` use): dropping one
+///   releases it, so an early return or a panic cannot leak a slot.
+/// - **First come, first served**, weighted requests included: a request for 5 permits is not
+///   starved by a stream of requests for 1. So [`try_acquire`](Self::try_acquire) fails while
+///   others are waiting, even if enough permits are free for it.
+/// - A waiter that gives up (its token, or its future dropped) at the head of the queue hands
+///   what it had been assigned to the waiters behind it; a permit granted at the same instant
+///   as the cancellation is returned, never lost.
+/// - [`close`](Self::close) wakes every waiter with `Closed`.
+/// - Observers: [`in_use`](Self::in_use) (the saturation metric), [`available`](Self::available),
+///   [`capacity`](Self::capacity); [`resize`](Self::resize) grows or shrinks it live without
+///   touching permits already held.
+///
+/// `Semaphore` is a cheap handle: clones share the permits.
+///
+/// # Comparison to tokio's `Semaphore`
+///
+/// This type is built on `tokio::sync::Semaphore`, which already queues fairly, hands permits
+/// of a cancelled waiter on, and never loses one. What it adds:
+///
+/// | | tokio | taskweave |
+/// |---|---|---|
+/// | cancel a wait | drop the future (in a `select!` you write) | pass a token; `Cancelled` tells it apart from `Closed` |
+/// | request above the capacity | waits for ever, blocking everyone behind it | `TooLarge` at once |
+/// | shrink while permits are held | `forget_permits` only removes free ones | `resize` retires held permits as they come back |
+/// | saturation | `available_permits` only | `in_use`, `capacity`, `available` |
+/// | share it | wrap it in an `Arc` | `Clone`; `acquire_owned` needs no `Arc` |
+///
+/// Use tokio's directly when none of this matters to you: it is what this one costs on top
+/// (see `docs/benchmarks.md`).
+///
+/// # Examples
+///
+/// At most 10 calls to an external API at a time, from request handlers that are not ours:
+///
+/// ```
+/// use taskweave_semaphore::{AcquireError, Semaphore};
+/// use tokio_util::sync::CancellationToken;
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// let api = Semaphore::new(10);
+/// let request = CancellationToken::new();
+/// let permit = api.acquire(&request).await.unwrap();
+/// assert_eq!((api.in_use(), api.available()), (1, 9));
+/// drop(permit);
+/// assert_eq!(api.in_use(), 0);
+///
+/// assert_eq!(
+///     api.acquire_many(&request, 11).await.unwrap_err(),
+///     AcquireError::TooLarge { requested: 11, capacity: 10 }
+/// );
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct Semaphore {
+    inner: Arc<Inner>,
+}
+
+pub(crate) struct Inner {
+    semaphore: tokio::sync::Semaphore,
+    capacity: AtomicUsize,
+    /// Permits to retire as they are released: a shrink below the permits in use.
+    debt: AtomicUsize,
+    /// Wakes weighted waiters after a shrink, so that one asking for more than the new
+    /// capacity fails with `TooLarge` instead of waiting for ever.
+    resized: Notify,
+    /// Serialises resizes (rare), so capacity and debt change together.
+    resize_lock: Mutex<()>,
+}
+
+impl Semaphore {
+    /// A semaphore with `capacity` permits.
+    ///
+    /// # Panics
+    ///
+    /// Panics if `capacity` is zero (every acquire would wait for ever) or larger than
+    /// tokio's maximum (`usize::MAX >> 3`).
+    #[must_use]
+    pub fn new(capacity: usize) -> Self {
+        assert!(
+            capacity > 0,
+            "Semaphore::new: capacity must be greater than zero"
+        );
+        assert!(
+            capacity <= tokio::sync::Semaphore::MAX_PERMITS,
+            "Semaphore::new: capacity must be at most {}",
+            tokio::sync::Semaphore::MAX_PERMITS
+        );
+        Semaphore {
+            inner: Arc::new(Inner {
+                semaphore: tokio::sync::Semaphore::new(capacity),
+                capacity: AtomicUsize::new(capacity),
+                debt: AtomicUsize::new(0),
+                resized: Notify::new(),
+                resize_lock: Mutex::new(()),
+            }),
+        }
+    }
+
+    /// Waits for one permit, unless `token` is cancelled first.
+    ///
+    /// A permit that is free at once is granted without looking at the token; the token only
+    /// interrupts a wait.
+    ///
+    /// # Errors
+    ///
+    /// [`AcquireError::Cancelled`] or [`AcquireError::Closed`].
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: dropping the future gives up the place in the queue, and whatever had
+    /// already been assigned to it goes to the next waiter.
+    pub async fn acquire(&self, token: &CancellationToken) -> Result<Permit<'_>, AcquireError> {
+        self.acquire_many(token, 1).await
+    }
+
+    /// Waits for `permits` permits at once, unless `token` is cancelled first.
+    ///
+    /// # Errors
+    ///
+    /// [`AcquireError::Cancelled`], [`AcquireError::Closed`], or [`AcquireError::TooLarge`]
+    /// when `permits` exceeds the capacity (at once, or when a resize shrinks it while
+    /// waiting).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe, as [`acquire`](Self::acquire).
+    pub async fn acquire_many(
+        &self,
+        token: &CancellationToken,
+        permits: u32,
+    ) -> Result<Permit<'_>, AcquireError> {
+        self.inner.acquire(token, permits).await?;
+        Ok(Permit::new(&self.inner, permits))
+    }
+
+    /// [`acquire`](Self::acquire) for a permit that can move into a spawned task.
+    ///
+    /// # Errors
+    ///
+    /// As [`acquire`](Self::acquire).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe, as [`acquire`](Self::acquire).
+    pub async fn acquire_owned(
+        &self,
+        token: &CancellationToken,
+    ) -> Result<OwnedPermit, AcquireError> {
+        self.acquire_many_owned(token, 1).await
+    }
+
+    /// [`acquire_many`](Self::acquire_many) for permits that can move into a spawned task.
+    ///
+    /// # Errors
+    ///
+    /// As [`acquire_many`](Self::acquire_many).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe, as [`acquire`](Self::acquire).
+    pub async fn acquire_many_owned(
+        &self,
+        token: &CancellationToken,
+        permits: u32,
+    ) -> Result<OwnedPermit, AcquireError> {
+        self.inner.acquire(token, permits).await?;
+        Ok(OwnedPermit::new(Arc::clone(&self.inner), permits))
+    }
+
+    /// One permit, if one is free now and nobody is waiting before us.
+    ///
+    /// # Errors
+    ///
+    /// [`TryAcquireError::NoPermits`] or [`TryAcquireError::Closed`].
+    pub fn try_acquire(&self) -> Result<Permit<'_>, TryAcquireError> {
+        self.try_acquire_many(1)
+    }
+
+    /// `permits` permits, if free now and nobody is waiting before us.
+    ///
+    /// # Errors
+    ///
+    /// [`TryAcquireError::NoPermits`], [`TryAcquireError::Closed`], or
+    /// [`TryAcquireError::TooLarge`].
+    pub fn try_acquire_many(&self, permits: u32) -> Result<Permit<'_>, TryAcquireError> {
+        self.inner.try_acquire(permits)?;
+        Ok(Permit::new(&self.inner, permits))
+    }
+
+    /// [`try_acquire_many`](Self::try_acquire_many) for permits that can move into a task.
+    ///
+    /// # Errors
+    ///
+    /// As [`try_acquire_many`](Self::try_acquire_many).
+    pub fn try_acquire_many_owned(&self, permits: u32) -> Result<OwnedPermit, TryAcquireError> {
+        self.inner.try_acquire(permits)?;
+        Ok(OwnedPermit::new(Arc::clone(&self.inner), permits))
+    }
+
+    /// Closes the semaphore: every waiter wakes with `Closed`, and later acquires fail.
+    /// Permits already held stay valid.
+    pub fn close(&self) {
+        self.inner.semaphore.close();
+        self.inner.resized.notify_waiters();
+    }
+
+    /// `true` after [`close`](Self::close).
+    #[must_use]
+    pub fn is_closed(&self) -> bool {
+        self.inner.semaphore.is_closed()
+    }
+
+    /// The total number of permits.
+    #[must_use]
+    pub fn capacity(&self) -> usize {
+        self.inner.capacity.load(Ordering::Acquire)
+    }
+
+    /// Permits free now.
+    #[must_use]
+    pub fn available(&self) -> usize {
+        self.inner.semaphore.available_permits()
+    }
+
+    /// Permits held (or already assigned to a waiter): the saturation metric. Can exceed the
+    /// capacity for a while after a shrink, until the extra permits come back.
+    #[must_use]
+    pub fn in_use(&self) -> usize {
+        let capacity = self.capacity();
+        let debt = self.inner.debt.load(Ordering::Acquire);
+        (capacity + debt).saturating_sub(self.available())
+    }
+
+    /// Changes the capacity. Growing frees new permits at once (to waiters first). Shrinking
+    /// takes free permits away at once and retires held ones as they are released; permits
+    /// already held stay valid. A waiter asking for more than the new capacity fails with
+    /// [`AcquireError::TooLarge`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use taskweave_semaphore::Semaphore;
+    ///
+    /// let semaphore = Semaphore::new(4);
+    /// let held = semaphore.try_acquire_many(3).unwrap();
+    /// semaphore.resize(2);
+    /// assert_eq!((semaphore.capacity(), semaphore.available(), semaphore.in_use()), (2, 0, 3));
+    /// drop(held);
+    /// assert_eq!((semaphore.available(), semaphore.in_use()), (2, 0));
+    /// semaphore.resize(5);
+    /// assert_eq!(semaphore.available(), 5);
+    /// ```
+    ///
+    /// # Panics
+    ///
+    /// Panics if `capacity` is zero or larger than tokio's maximum.
+    pub fn resize(&self, capacity: usize) {
+        assert!(
+            capacity > 0,
+            "Semaphore::resize: capacity must be greater than zero"
+        );
+        assert!(
+            capacity <= tokio::sync::Semaphore::MAX_PERMITS,
+            "Semaphore::resize: capacity must be at most {}",
+            tokio::sync::Semaphore::MAX_PERMITS
+        );
+        self.inner.resize(capacity);
+    }
+}
+
+impl Inner {
+    fn check_size(&self, permits: u32) -> Result<(), (u32, usize)> {
+        let capacity = self.capacity.load(Ordering::Acquire);
+        if permits as usize > capacity {
+            return Err((permits, capacity));
+        }
+        Ok(())
+    }
+
+    fn try_acquire(&self, permits: u32) -> Result<(), TryAcquireError> {
+        self.check_size(permits)
+            .map_err(|(requested, capacity)| TryAcquireError::TooLarge {
+                requested,
+                capacity,
+            })?;
+        match self.semaphore.try_acquire_many(permits) {
+            Ok(permit) => {
+                // Our `Permit` types do the releasing, so that a shrink can retire them.
+                permit.forget();
+                Ok(())
+            }
+            Err(TokioTryAcquireError::Closed) => Err(TryAcquireError::Closed),
+            Err(TokioTryAcquireError::NoPermits) => Err(TryAcquireError::NoPermits),
+        }
+    }
+
+    async fn acquire(&self, token: &CancellationToken, permits: u32) -> Result<(), AcquireError> {
+        let too_large = |(requested, capacity)| AcquireError::TooLarge {
+            requested,
+            capacity,
+        };
+        // Fast path: no queue to join, no token to watch.
+        match self.try_acquire(permits) {
+            Ok(()) => return Ok(()),
+            Err(TryAcquireError::Closed) => return Err(AcquireError::Closed),
+            Err(TryAcquireError::TooLarge {
+                requested,
+                capacity,
+            }) => {
+                return Err(too_large((requested, capacity)));
+            }
+            Err(TryAcquireError::NoPermits) => {}
+        }
+        // The queue position lives in this future for the whole wait; only the resize
+        // notification is renewed.
+        let acquire = self.semaphore.acquire_many(permits);
+        let mut acquire = std::pin::pin!(acquire);
+        loop {
+            let resized = self.resized.notified();
+            let mut resized = std::pin::pin!(resized);
+            resized.as_mut().enable();
+            // A shrink that happened before `enable` is seen here.
+            self.check_size(permits).map_err(too_large)?;
+            tokio::select! {
+                biased;
+                acquired = &mut acquire => {
+                    return match acquired {
+                        Ok(permit) => {
+                            permit.forget();
+                            Ok(())
+                        }
+                        Err(_closed) => Err(AcquireError::Closed),
+                    };
+                }
+                () = token.cancelled() => return Err(AcquireError::Cancelled),
+                // Only a weighted request can exceed a capacity, which is at least 1.
+                () = resized, if permits > 1 => {
+                    if self.semaphore.is_closed() {
+                        return Err(AcquireError::Closed);
+                    }
+                }
+            }
+        }
+    }
+
+    pub(crate) fn release(&self, permits: u32) {
+        let unpaid = self.pay_debt(permits as usize);
+        if unpaid > 0 {
+            self.semaphore.add_permits(unpaid);
+        }
+    }
+
+    /// Permits given up for good: they retire what a shrink still owes, and the rest shrink
+    /// the capacity.
+    pub(crate) fn forget(&self, permits: u32) {
+        let _guard = self
+            .resize_lock
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let unpaid = self.pay_debt(permits as usize);
+        let capacity = self.capacity.load(Ordering::Acquire);
+        self.capacity
+            .store(capacity.saturating_sub(unpaid), Ordering::Release);
+    }
+
+    /// Uses up to `permits` to pay what a shrink still owes; returns what is left.
+    fn pay_debt(&self, mut permits: usize) -> usize {
+        // The common case, no shrink in progress, is one load.
+        let mut debt = self.debt.load(Ordering::Acquire);
+        while debt > 0 && permits > 0 {
+            let paid = debt.min(permits);
+            match self.debt.compare_exchange_weak(
+                debt,
+                debt - paid,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => permits -= paid,
+                Err(current) => debt = current,
+            }
+        }
+        permits
+    }
+
+    fn resize(&self, new: usize) {
+        let _guard = self
+            .resize_lock
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let old = self.capacity.swap(new, Ordering::AcqRel);
+        if new > old {
+            // Cancel debt first: those permits are still out and will come back.
+            let grow = self.pay_debt(new - old);
+            if grow > 0 {
+                self.semaphore.add_permits(grow);
+            }
+        } else if new < old {
+            let shrink = old - new;
+            let forgotten = self.semaphore.forget_permits(shrink);
+            self.debt.fetch_add(shrink - forgotten, Ordering::AcqRel);
+            self.resized.notify_waiters();
+        }
+    }
+}
+
+impl fmt::Debug for Semaphore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Semaphore")
+            .field("capacity", &self.capacity())
+            .field("available", &self.available())
+            .field("in_use", &self.in_use())
+            .field("closed", &self.is_closed())
+            .finish()
+    }
+}

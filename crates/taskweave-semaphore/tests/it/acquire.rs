@@ -1,0 +1,141 @@
+//! Acquiring and releasing: RAII, errors that say why, close.
+
+use taskweave_semaphore::{AcquireError, Semaphore, TryAcquireError};
+use tokio_test::{assert_pending, assert_ready};
+use tokio_util::sync::CancellationToken;
+
+#[tokio::test]
+async fn permits_are_released_when_dropped() {
+    let semaphore = Semaphore::new(3);
+    let token = CancellationToken::new();
+    let one = semaphore.acquire(&token).await.unwrap();
+    let two = semaphore.acquire_many(&token, 2).await.unwrap();
+    assert_eq!((one.num_permits(), two.num_permits()), (1, 2));
+    assert_eq!((semaphore.in_use(), semaphore.available()), (3, 0));
+    assert_eq!(
+        semaphore.try_acquire().unwrap_err(),
+        TryAcquireError::NoPermits
+    );
+    drop(two);
+    assert_eq!((semaphore.in_use(), semaphore.available()), (1, 2));
+    drop(one);
+    assert_eq!(semaphore.in_use(), 0);
+}
+
+#[tokio::test]
+async fn owned_permits_move_into_tasks() {
+    let semaphore = Semaphore::new(1);
+    let token = CancellationToken::new();
+    let permit = semaphore.acquire_owned(&token).await.unwrap();
+    let task = tokio::spawn(async move {
+        let _permit = permit;
+    });
+    task.await.unwrap();
+    assert_eq!(semaphore.available(), 1);
+    let owned = semaphore.try_acquire_many_owned(1).unwrap();
+    assert_eq!(owned.num_permits(), 1);
+}
+
+#[tokio::test]
+async fn a_request_above_the_capacity_fails_at_once() {
+    let semaphore = Semaphore::new(4);
+    let token = CancellationToken::new();
+    assert_eq!(
+        semaphore.acquire_many(&token, 5).await.unwrap_err(),
+        AcquireError::TooLarge {
+            requested: 5,
+            capacity: 4
+        }
+    );
+    assert_eq!(
+        semaphore.try_acquire_many(5).unwrap_err(),
+        TryAcquireError::TooLarge {
+            requested: 5,
+            capacity: 4
+        }
+    );
+    assert_eq!(
+        AcquireError::TooLarge {
+            requested: 5,
+            capacity: 4
+        }
+        .to_string(),
+        "requested 5 permits of a semaphore of 4"
+    );
+}
+
+#[tokio::test]
+async fn cancelling_the_token_ends_a_wait_with_cancelled() {
+    let semaphore = Semaphore::new(1);
+    let token = CancellationToken::new();
+    let _held = semaphore.try_acquire().unwrap();
+    let waiter_token = CancellationToken::new();
+    let mut waiter = tokio_test::task::spawn(semaphore.acquire(&waiter_token));
+    assert_pending!(waiter.poll());
+    waiter_token.cancel();
+    assert!(waiter.is_woken());
+    assert_eq!(
+        assert_ready!(waiter.poll()).unwrap_err(),
+        AcquireError::Cancelled
+    );
+    assert!(!token.is_cancelled());
+}
+
+#[tokio::test]
+async fn close_wakes_every_waiter_with_closed() {
+    let semaphore = Semaphore::new(1);
+    let token = CancellationToken::new();
+    let held = semaphore.try_acquire().unwrap();
+    let mut first = tokio_test::task::spawn(semaphore.acquire(&token));
+    let mut second = tokio_test::task::spawn(semaphore.acquire_many(&token, 1));
+    assert_pending!(first.poll());
+    assert_pending!(second.poll());
+    semaphore.close();
+    assert!(semaphore.is_closed());
+    assert!(first.is_woken() && second.is_woken());
+    assert_eq!(
+        assert_ready!(first.poll()).unwrap_err(),
+        AcquireError::Closed
+    );
+    assert_eq!(
+        assert_ready!(second.poll()).unwrap_err(),
+        AcquireError::Closed
+    );
+    assert_eq!(
+        semaphore.try_acquire().unwrap_err(),
+        TryAcquireError::Closed
+    );
+    drop(held); // a permit held across the close stays valid and is released normally
+}
+
+#[tokio::test]
+async fn a_free_permit_is_granted_without_looking_at_the_token() {
+    let semaphore = Semaphore::new(1);
+    let token = CancellationToken::new();
+    token.cancel();
+    assert!(semaphore.acquire(&token).await.is_ok());
+}
+
+#[tokio::test]
+async fn a_permit_released_as_its_waiter_is_cancelled_is_never_lost() {
+    let semaphore = Semaphore::new(1);
+    let held = semaphore.try_acquire().unwrap();
+    let token = CancellationToken::new();
+    let mut waiter = tokio_test::task::spawn(semaphore.acquire(&token));
+    assert_pending!(waiter.poll());
+    // Both happen before the waiter runs again.
+    drop(held);
+    token.cancel();
+    match assert_ready!(waiter.poll()) {
+        Ok(permit) => drop(permit),
+        Err(error) => assert_eq!(error, AcquireError::Cancelled),
+    }
+    drop(waiter);
+    assert_eq!(semaphore.available(), 1, "the permit came back either way");
+}
+
+#[test]
+#[should_panic(expected = "capacity must be greater than zero")]
+fn zero_capacity_is_a_programmer_error() {
+    let _ = Semaphore::new(0);
+}
