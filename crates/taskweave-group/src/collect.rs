@@ -1,14 +1,13 @@
 //! `CollectGroup`: run every task to the end and report every failure with its label.
 
+use std::collections::HashMap;
 use std::fmt;
 use std::future::Future;
-use std::sync::{Arc, Mutex};
 
 use taskweave_supervise::{PanicError, catch_panic};
-use tokio::task::JoinSet;
+use tokio::task::{Id, JoinSet};
 use tokio_util::sync::CancellationToken;
 
-use crate::group::lock;
 use crate::slots::{Slot, Slots};
 use crate::{SpawnError, TaskFailure};
 
@@ -46,15 +45,12 @@ use crate::{SpawnError, TaskFailure};
 /// ```
 pub struct CollectGroup<L, E> {
     token: CancellationToken,
-    tasks: JoinSet<()>,
+    tasks: JoinSet<Result<(), TaskFailure<E>>>,
     slots: Slots,
     next: usize,
-    outcomes: Arc<Mutex<Outcomes<L, E>>>,
-}
-
-struct Outcomes<L, E> {
-    succeeded: usize,
-    failures: Vec<(usize, L, TaskFailure<E>)>,
+    /// Each task's spawn order and label, by task id. Kept here rather than moved into the
+    /// task, so that even a task whose future panics in its destructor is reported by label.
+    labels: HashMap<Id, (usize, L)>,
 }
 
 /// What [`CollectGroup::wait`] found.
@@ -92,10 +88,7 @@ impl<L: Send + 'static, E: Send + 'static> CollectGroup<L, E> {
             tasks: JoinSet::new(),
             slots: Slots::default(),
             next: 0,
-            outcomes: Arc::new(Mutex::new(Outcomes {
-                succeeded: 0,
-                failures: Vec::new(),
-            })),
+            labels: HashMap::new(),
         }
     }
 
@@ -103,7 +96,8 @@ impl<L: Send + 'static, E: Send + 'static> CollectGroup<L, E> {
     ///
     /// # Panics
     ///
-    /// Panics if a task was already spawned.
+    /// Panics if a task was already spawned, or if `limit` exceeds tokio's maximum number of
+    /// semaphore permits (`usize::MAX >> 3`).
     #[must_use]
     pub fn with_limit(mut self, limit: usize) -> Self {
         assert!(
@@ -118,6 +112,12 @@ impl<L: Send + 'static, E: Send + 'static> CollectGroup<L, E> {
     #[must_use]
     pub fn token(&self) -> CancellationToken {
         self.token.clone()
+    }
+
+    /// The limit, if one is set.
+    #[must_use]
+    pub fn limit(&self) -> Option<usize> {
+        self.slots.limit()
     }
 
     /// Tasks spawned and not yet collected by `wait`.
@@ -179,49 +179,55 @@ impl<L: Send + 'static, E: Send + 'static> CollectGroup<L, E> {
     {
         let order = self.next;
         self.next += 1;
-        let outcomes = Arc::clone(&self.outcomes);
-        self.tasks.spawn(async move {
+        let handle = self.tasks.spawn(async move {
             let outcome = catch_panic("collect-task", future).await;
             drop(permit);
-            let mut outcomes = lock(&outcomes);
             match outcome {
-                Ok(Ok(())) => outcomes.succeeded += 1,
-                Ok(Err(error)) => {
-                    outcomes
-                        .failures
-                        .push((order, label, TaskFailure::Failed(error)))
-                }
-                Err(panic) => outcomes
-                    .failures
-                    .push((order, label, TaskFailure::Panicked(panic))),
+                Ok(Ok(())) => Ok(()),
+                Ok(Err(error)) => Err(TaskFailure::Failed(error)),
+                Err(panic) => Err(TaskFailure::Panicked(panic)),
             }
         });
+        self.labels.insert(handle.id(), (order, label));
     }
 
     /// Waits for every task and reports the successes and every failure, in spawn order.
     ///
-    /// A task whose future panicked in its destructor (so that its outcome could not be
-    /// recorded) is reported by tokio only; it is logged here and counted nowhere.
+    /// Every spawned task is counted once: a task whose future panicked in its destructor is
+    /// reported as [`TaskFailure::Panicked`] too.
     ///
     /// # Cancel safety
     ///
     /// Dropping the returned future drops the group: its token is cancelled and its tasks
     /// aborted.
     pub async fn wait(mut self) -> CollectReport<L, E> {
-        while let Some(joined) = self.tasks.join_next().await {
-            if let Err(error) = joined
-                && error.is_panic()
-            {
-                let panic = PanicError::from_payload("collect-task", error.into_panic().as_ref());
-                tracing::error!(%panic, "collect group: a task's destructor panicked");
+        let mut succeeded = 0;
+        let mut failures = Vec::new();
+        while let Some(joined) = self.tasks.join_next_with_id().await {
+            let (id, outcome) = match joined {
+                Ok((id, outcome)) => (id, outcome),
+                Err(error) => {
+                    let id = error.id();
+                    let panic = if error.is_panic() {
+                        PanicError::from_payload("collect-task", error.into_panic().as_ref())
+                    } else {
+                        PanicError::from_payload("collect-task", &"the task was aborted")
+                    };
+                    (id, Err(TaskFailure::Panicked(panic)))
+                }
+            };
+            let Some((order, label)) = self.labels.remove(&id) else {
+                continue;
+            };
+            match outcome {
+                Ok(()) => succeeded += 1,
+                Err(failure) => failures.push((order, label, failure)),
             }
         }
         self.token.cancel();
-        let mut outcomes = lock(&self.outcomes);
-        let mut failures = std::mem::take(&mut outcomes.failures);
         failures.sort_unstable_by_key(|(order, _, _)| *order);
         CollectReport {
-            succeeded: outcomes.succeeded,
+            succeeded,
             failures: failures
                 .into_iter()
                 .map(|(_, label, failure)| (label, failure))

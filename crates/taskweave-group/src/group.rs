@@ -92,7 +92,8 @@ impl<E: Send + 'static> TaskGroup<E> {
     ///
     /// # Panics
     ///
-    /// Panics if a task was already spawned: the limit is set before the first spawn.
+    /// Panics if a task was already spawned (the limit is set before the first spawn), or if
+    /// `limit` exceeds tokio's maximum number of semaphore permits (`usize::MAX >> 3`).
     #[must_use]
     pub fn with_limit(mut self, limit: usize) -> Self {
         assert!(
@@ -177,8 +178,6 @@ impl<E: Send + 'static> TaskGroup<E> {
         let shared = Arc::clone(&self.shared);
         self.tasks.spawn(async move {
             let outcome = catch_panic("group-task", future).await;
-            // The slot is free as soon as the task's work is over, panic or not.
-            drop(permit);
             let failure = match outcome {
                 Ok(Ok(())) => return,
                 Ok(Err(error)) => TaskFailure::Failed(error),
@@ -188,6 +187,9 @@ impl<E: Send + 'static> TaskGroup<E> {
             // Only after the failure is recorded: a sibling that fails because of this
             // cancellation always comes second.
             shared.token.cancel();
+            // And the slot is freed only after that (it is dropped with the task's future):
+            // a spawn waiting for it then sees the group cancelled, like Go's errgroup.
+            drop(permit);
         });
     }
 

@@ -85,6 +85,8 @@ impl Slots {
             return Err(SpawnError::Cancelled(future));
         }
         match self.take(token).await {
+            // The slot may have been freed by a task that failed and cancelled the group.
+            Ok(_slot) if token.is_cancelled() => Err(SpawnError::Cancelled(future)),
             Ok(slot) => Ok((future, slot)),
             Err(NoSlot::Full) => Err(SpawnError::Full(future)),
             Err(NoSlot::Cancelled) => Err(SpawnError::Cancelled(future)),

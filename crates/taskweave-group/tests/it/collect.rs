@@ -125,3 +125,82 @@ async fn cancelling_from_outside_refuses_new_spawns() {
     ));
     assert!(group.wait().await.is_success());
 }
+
+#[tokio::test(start_paused = true)]
+async fn dropping_the_group_cancels_and_aborts_its_tasks() {
+    let baseline = alive_tasks();
+    let mut group = CollectGroup::<u8, String>::new(CancellationToken::new());
+    let token = group.token();
+    group
+        .spawn(1, async {
+            tokio::time::sleep(Duration::from_secs(3600)).await;
+            Ok(())
+        })
+        .await
+        .unwrap();
+    drop(group);
+    assert!(token.is_cancelled());
+    assert_no_leaked_tasks(baseline).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn try_spawn_hands_the_future_back_when_full() {
+    let mut group = CollectGroup::<u8, String>::new(CancellationToken::new()).with_limit(1);
+    assert_eq!(group.limit(), Some(1));
+    group
+        .try_spawn(1, async {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            Ok(())
+        })
+        .unwrap();
+    assert!(matches!(
+        group.try_spawn(2, async { Ok(()) }),
+        Err(SpawnError::Full(_))
+    ));
+    assert_eq!(group.wait().await.succeeded, 1);
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(48))]
+
+    // However tasks are timed and whichever fail or panic, no more than `limit` run at once
+    // and every task is reported exactly once, failures in spawn order.
+    #[test]
+    fn the_limit_holds_and_every_task_is_reported(
+        plans in proptest::collection::vec((0_u64..20, 0_u8..3), 0..30),
+        limit in 1_usize..5,
+    ) {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .start_paused(true)
+            .build()
+            .unwrap();
+        let total = plans.len();
+        let (peak, report) = runtime.block_on(async move {
+            let concurrency = Concurrency::default();
+            let mut group = CollectGroup::<usize, String>::new(CancellationToken::new()).with_limit(limit);
+            for (label, (ms, kind)) in plans.into_iter().enumerate() {
+                let concurrency = concurrency.clone();
+                group
+                    .spawn(label, async move {
+                        let _inside = concurrency.enter();
+                        tokio::time::sleep(Duration::from_millis(ms)).await;
+                        match kind {
+                            0 => Ok(()),
+                            1 => Err("failed".to_owned()),
+                            _ => panic!("panicked"),
+                        }
+                    })
+                    .await
+                    .unwrap();
+            }
+            (concurrency.peak(), group.wait().await)
+        });
+        proptest::prop_assert!(peak <= limit);
+        proptest::prop_assert_eq!(report.succeeded + report.failures.len(), total);
+        let labels: Vec<usize> = report.failures.iter().map(|(label, _)| *label).collect();
+        let mut sorted = labels.clone();
+        sorted.sort_unstable();
+        proptest::prop_assert_eq!(labels, sorted, "failures in spawn order");
+    }
+}

@@ -125,6 +125,10 @@ async fn a_panicking_task_is_a_failure_with_its_message_and_wait_does_not_panic(
         Err(TaskFailure::Panicked(panic)) => {
             assert_eq!(panic.message(), "index out of range");
             assert!(panic.location().is_some());
+            assert_eq!(
+                panic.backtrace().status(),
+                std::backtrace::BacktraceStatus::Captured
+            );
         }
         other => panic!("expected the panic, got {other:?}"),
     }
@@ -265,4 +269,59 @@ async fn setting_a_limit_after_spawning_is_a_programmer_error() {
     let mut group = TaskGroup::<String>::new(CancellationToken::new());
     group.try_spawn(async { Ok(()) }).unwrap();
     let _ = group.with_limit(2);
+}
+
+// Regression (review of issue 7): a failing task used to free its slot before cancelling the
+// group, so a spawn waiting for that slot could start a task after the failure.
+#[test]
+fn a_spawn_waiting_for_a_slot_never_starts_after_a_failure() {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .build()
+        .unwrap();
+    for _ in 0..200 {
+        runtime.block_on(async {
+            let mut group = TaskGroup::new(CancellationToken::new()).with_limit(1);
+            group.spawn(async { Err("first") }).await.unwrap();
+            let refused = group
+                .spawn(async { Err("started after the failure") })
+                .await;
+            assert!(matches!(refused, Err(SpawnError::Cancelled(_))));
+            assert!(matches!(
+                group.wait().await,
+                Err(TaskFailure::Failed("first"))
+            ));
+        });
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_later_failure_that_ignores_the_token_does_not_replace_the_first() {
+    let mut group = TaskGroup::new(CancellationToken::new());
+    group
+        .spawn(async {
+            tokio::time::sleep(30 * MS).await;
+            Err("late, deaf to the token")
+        })
+        .await
+        .unwrap();
+    group
+        .spawn(async {
+            tokio::time::sleep(10 * MS).await;
+            Err("first")
+        })
+        .await
+        .unwrap();
+    assert!(matches!(
+        group.wait().await,
+        Err(TaskFailure::Failed("first"))
+    ));
+}
+
+#[test]
+fn the_group_futures_are_send() {
+    fn send<T: Send>(_: &T) {}
+    let mut group = TaskGroup::<String>::new(CancellationToken::new());
+    send(&group.spawn(async { Ok(()) }));
+    send(&group.wait());
 }

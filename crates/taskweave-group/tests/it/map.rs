@@ -1,5 +1,7 @@
 //! Ordered parallel map: input order, first failure cancels, collect-all, limits.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use proptest::prelude::*;
@@ -32,11 +34,11 @@ async fn results_come_back_in_input_order_with_the_limit_respected() {
 async fn the_first_failure_cancels_the_rest_and_stops_new_calls() {
     let baseline = alive_tasks();
     let started = Instant::now();
-    let failure = map_parallel(
-        CancellationToken::new(),
-        0..100_u64,
-        4,
-        |token, n| async move {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let counted = Arc::clone(&calls);
+    let failure = map_parallel(CancellationToken::new(), 0..100_u64, 4, move |token, n| {
+        counted.fetch_add(1, Ordering::SeqCst);
+        async move {
             if n == 2 {
                 tokio::time::sleep(Duration::from_millis(15)).await;
                 return Err(format!("item {n} failed"));
@@ -45,15 +47,21 @@ async fn the_first_failure_cancels_the_rest_and_stops_new_calls() {
                 () = token.cancelled() => Err(format!("item {n} cancelled")),
                 () = tokio::time::sleep(Duration::from_millis(10)) => Ok(n),
             }
-        },
-    )
+        }
+    })
     .await
     .unwrap_err();
     assert!(matches!(&failure, TaskFailure::Failed(message) if message == "item 2 failed"));
     assert_eq!(
         started.elapsed(),
         Duration::from_millis(15),
-        "no call started after it"
+        "the calls in flight stopped"
+    );
+    // 0..=3 at 0 ms, 4..=6 at 10 ms when 0, 1 and 3 finished; none after the failure at 15.
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        7,
+        "no call started after the failure"
     );
     assert_no_leaked_tasks(baseline).await;
 }
@@ -180,4 +188,92 @@ proptest! {
         ));
         prop_assert_eq!(results.unwrap(), expected);
     }
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_already_cancelled_token_starts_no_call() {
+    let token = CancellationToken::new();
+    token.cancel();
+    let calls = Arc::new(AtomicUsize::new(0));
+    let counted = Arc::clone(&calls);
+    let outcomes = map_parallel_all(token.clone(), 0..5_u32, 2, move |_token, n| {
+        counted.fetch_add(1, Ordering::SeqCst);
+        async move { Ok::<_, String>(n) }
+    })
+    .await;
+    assert_eq!(calls.load(Ordering::SeqCst), 0);
+    assert!(
+        outcomes
+            .iter()
+            .all(|o| matches!(o, Err(TaskFailure::NotStarted)))
+    );
+    let failure = map_parallel(
+        token,
+        0..5_u32,
+        2,
+        |_token, n| async move { Ok::<_, String>(n) },
+    )
+    .await
+    .unwrap_err();
+    assert!(matches!(failure, TaskFailure::NotStarted));
+}
+
+#[tokio::test(start_paused = true)]
+async fn cancelling_the_callers_token_cancels_the_calls_in_flight() {
+    let token = CancellationToken::new();
+    let canceller = token.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        canceller.cancel();
+    });
+    let started = Instant::now();
+    let outcomes = map_parallel_all(token, 0..10_u32, 3, |call_token, n| async move {
+        call_token.cancelled().await;
+        Err::<u32, _>(format!("item {n} saw its token"))
+    })
+    .await;
+    assert_eq!(
+        started.elapsed(),
+        Duration::from_millis(5),
+        "the calls saw their tokens at once"
+    );
+    for (index, outcome) in outcomes.iter().enumerate() {
+        match outcome {
+            Err(TaskFailure::Failed(message)) => {
+                assert!(index < 3, "only the first three ran");
+                assert_eq!(message, &format!("item {index} saw its token"));
+            }
+            Err(TaskFailure::NotStarted) => assert!(index >= 3),
+            other => panic!("item {index}: {other:?}"),
+        }
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn collect_all_reports_a_panicking_call_at_its_index() {
+    let outcomes = map_parallel_all(
+        CancellationToken::new(),
+        0..4_u8,
+        2,
+        |_token, n| async move {
+            assert!(n != 1, "bad item");
+            Ok::<_, String>(n)
+        },
+    )
+    .await;
+    assert!(outcomes[1].as_ref().unwrap_err().is_panic());
+    assert_eq!(outcomes.iter().filter(|o| o.is_ok()).count(), 3);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_huge_limit_means_no_limit() {
+    let results = map_parallel(
+        CancellationToken::new(),
+        0..50_u32,
+        usize::MAX,
+        |_token, n| async move { Ok::<_, String>(n) },
+    )
+    .await
+    .unwrap();
+    assert_eq!(results, (0..50).collect::<Vec<_>>());
 }
