@@ -330,10 +330,27 @@ impl Inner {
             }
             Err(TryAcquireError::NoPermits) => {}
         }
-        // The queue position lives in this future for the whole wait; only the resize
-        // notification is renewed.
+        // The queue position lives in this future for the whole wait.
         let acquire = self.semaphore.acquire_many(permits);
         let mut acquire = std::pin::pin!(acquire);
+        let cancelled = token.cancelled();
+        let mut cancelled = std::pin::pin!(cancelled);
+        let granted = |acquired: Result<tokio::sync::SemaphorePermit<'_>, _>| match acquired {
+            Ok(permit) => {
+                permit.forget();
+                Ok(())
+            }
+            Err(_closed) => Err(AcquireError::Closed),
+        };
+        if permits <= 1 {
+            // A single permit can never exceed a capacity (at least 1): no resize to watch,
+            // which saves a registration on every wait.
+            return tokio::select! {
+                biased;
+                acquired = &mut acquire => granted(acquired),
+                () = &mut cancelled => Err(AcquireError::Cancelled),
+            };
+        }
         loop {
             let resized = self.resized.notified();
             let mut resized = std::pin::pin!(resized);
@@ -342,18 +359,9 @@ impl Inner {
             self.check_size(permits).map_err(too_large)?;
             tokio::select! {
                 biased;
-                acquired = &mut acquire => {
-                    return match acquired {
-                        Ok(permit) => {
-                            permit.forget();
-                            Ok(())
-                        }
-                        Err(_closed) => Err(AcquireError::Closed),
-                    };
-                }
-                () = token.cancelled() => return Err(AcquireError::Cancelled),
-                // Only a weighted request can exceed a capacity, which is at least 1.
-                () = resized, if permits > 1 => {
+                acquired = &mut acquire => return granted(acquired),
+                () = &mut cancelled => return Err(AcquireError::Cancelled),
+                () = resized => {
                     if self.semaphore.is_closed() {
                         return Err(AcquireError::Closed);
                     }

@@ -12,6 +12,7 @@
 //! | [`pool`] | `taskweave-pool` | batch runner and long-lived worker pool |
 //! | [`group`] | `taskweave-group` | errgroup-style task groups, ordered parallel map |
 //! | [`semaphore`] | `taskweave-semaphore` | fair, cancellable, resizable semaphore |
+//! | [`limit`] | `taskweave-limit` | token bucket, tick and keyed rate limiters |
 //!
 //! # Example
 //!
@@ -44,3 +45,7 @@ pub use taskweave_group as group;
 #[cfg(feature = "semaphore")]
 #[doc(inline)]
 pub use taskweave_semaphore as semaphore;
+
+#[cfg(feature = "limit")]
+#[doc(inline)]
+pub use taskweave_limit as limit;

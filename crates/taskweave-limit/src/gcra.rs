@@ -1,0 +1,104 @@
+//! The generic cell rate algorithm on an atomic "theoretical arrival time", on tokio's clock.
+//!
+//! A bucket of `burst` tokens refilled one per `interval` is the same as this: keep the time
+//! `tat` at which the bucket would be full again; a request for `n` tokens at `now` is
+//! granted when `max(tat, now) + n * interval <= now + burst * interval`, and then moves
+//! `tat` there. A `tat` at or before `now` means a full bucket, so forgetting such a state
+//! loses nothing (the keyed limiter relies on that to evict).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+/// Nanoseconds since the limiter's base instant, on tokio's clock (so the paused test clock
+/// drives it).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Clock {
+    base: Instant,
+}
+
+impl Clock {
+    pub(crate) fn new() -> Self {
+        Clock {
+            base: Instant::now(),
+        }
+    }
+
+    pub(crate) fn now(&self) -> u64 {
+        nanos(Instant::now().saturating_duration_since(self.base))
+    }
+
+    pub(crate) fn instant(&self, at: u64) -> Instant {
+        self.base + Duration::from_nanos(at)
+    }
+}
+
+pub(crate) fn nanos(duration: Duration) -> u64 {
+    u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX)
+}
+
+/// The outcome of one GCRA step.
+pub(crate) enum Decision {
+    /// Granted; the new `tat` is stored.
+    Granted,
+    /// Not granted; the request would fit at `now + wait`.
+    NotYet(u64),
+}
+
+/// One bucket's state: its theoretical arrival time.
+#[derive(Debug, Default)]
+pub(crate) struct Tat(AtomicU64);
+
+impl Tat {
+    /// Takes `n` tokens if they are there.
+    pub(crate) fn check(&self, now: u64, n: u32, interval: u64, burst: u32) -> Decision {
+        let cost = interval.saturating_mul(u64::from(n));
+        let horizon = now.saturating_add(interval.saturating_mul(u64::from(burst)));
+        // Relaxed on the first load and on failure: the CAS itself orders the updates of this
+        // one variable, and the state publishes nothing else.
+        let mut tat = self.0.load(Ordering::Relaxed);
+        loop {
+            let new_tat = tat.max(now).saturating_add(cost);
+            if new_tat > horizon {
+                return Decision::NotYet(new_tat - horizon);
+            }
+            match self
+                .0
+                .compare_exchange_weak(tat, new_tat, Ordering::Relaxed, Ordering::Relaxed)
+            {
+                Ok(_) => return Decision::Granted,
+                Err(current) => tat = current,
+            }
+        }
+    }
+
+    /// Takes `n` tokens now or in the future, whatever the state: returns how long until they
+    /// are due, and the `tat` this reservation moved to.
+    pub(crate) fn reserve(&self, now: u64, n: u32, interval: u64, burst: u32) -> (u64, u64) {
+        let cost = interval.saturating_mul(u64::from(n));
+        let horizon = now.saturating_add(interval.saturating_mul(u64::from(burst)));
+        let previous = self
+            .0
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |tat| {
+                Some(tat.max(now).saturating_add(cost))
+            })
+            .unwrap_or_else(|tat| tat);
+        let new_tat = previous.max(now).saturating_add(cost);
+        (new_tat.saturating_sub(horizon), new_tat)
+    }
+
+    /// Gives back `n` tokens taken by a reservation, as far as they are still in the future.
+    pub(crate) fn give_back(&self, now: u64, n: u32, interval: u64) {
+        let cost = interval.saturating_mul(u64::from(n));
+        let _ = self
+            .0
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |tat| {
+                Some(tat.saturating_sub(cost).max(now.min(tat)))
+            });
+    }
+
+    pub(crate) fn load(&self) -> u64 {
+        self.0.load(Ordering::Relaxed)
+    }
+}

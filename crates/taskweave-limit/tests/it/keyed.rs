@@ -1,0 +1,88 @@
+//! `KeyedRateLimiter`: per-key buckets and bounded memory.
+
+use std::time::Duration;
+
+use taskweave_limit::{KeyedRateLimiter, WaitError};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+fn alive_tasks() -> usize {
+    tokio::runtime::Handle::current()
+        .metrics()
+        .num_alive_tasks()
+}
+
+async fn assert_no_leaked_tasks(baseline: usize) {
+    for _ in 0..32 {
+        if alive_tasks() == baseline {
+            return;
+        }
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(alive_tasks(), baseline, "tasks leaked");
+}
+
+#[tokio::test(start_paused = true)]
+async fn every_key_has_its_own_bucket() {
+    let limiter = KeyedRateLimiter::new(CancellationToken::new(), 10, 2, 100);
+    assert!(limiter.allow(&1) && limiter.allow(&1));
+    assert!(!limiter.allow(&1));
+    assert!(limiter.allow(&2));
+    let token = CancellationToken::new();
+    let started = Instant::now();
+    limiter.wait(&token, &1).await.unwrap();
+    assert_eq!(started.elapsed(), Duration::from_millis(100));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_million_distinct_keys_never_exceed_the_bound_and_idle_keys_go() {
+    let baseline = alive_tasks();
+    let token = CancellationToken::new();
+    let limiter = KeyedRateLimiter::new(token.clone(), 10, 1, 1_000);
+    for key in 0..1_000_000_u32 {
+        assert!(limiter.allow(&key), "a new key has a full bucket");
+        if key % 100_000 == 0 {
+            assert!(limiter.len() <= 1_008, "bound exceeded: {}", limiter.len());
+        }
+    }
+    assert!(limiter.len() <= 1_008);
+    // After the idle time (a burst's refill, 100 ms) the eviction task empties it.
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    assert_eq!(limiter.len(), 0);
+    token.cancel();
+    assert_no_leaked_tasks(baseline).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn evicting_a_full_bucket_changes_no_decision() {
+    let limiter = KeyedRateLimiter::new(CancellationToken::new(), 10, 1, 100);
+    assert!(limiter.allow(&"a"));
+    assert_eq!(limiter.evict_idle(), 0, "still draining: kept");
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(limiter.evict_idle(), 1);
+    assert!(limiter.allow(&"a"));
+}
+
+#[tokio::test(start_paused = true)]
+async fn dropping_the_limiter_stops_its_eviction_task() {
+    let baseline = alive_tasks();
+    let limiter = KeyedRateLimiter::<u8>::new(CancellationToken::new(), 10, 1, 10);
+    assert_eq!(alive_tasks(), baseline + 1);
+    drop(limiter);
+    assert_no_leaked_tasks(baseline).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_cancelled_wait_returns_cancelled() {
+    let limiter = KeyedRateLimiter::new(CancellationToken::new(), 1, 1, 10);
+    assert!(limiter.allow(&7));
+    let token = CancellationToken::new();
+    token.cancel();
+    assert_eq!(limiter.wait(&token, &7).await, Err(WaitError::Cancelled));
+}
+
+#[tokio::test]
+#[should_panic(expected = "max_keys must be greater than zero")]
+async fn zero_keys_is_a_programmer_error() {
+    let _ = KeyedRateLimiter::<u8>::new(CancellationToken::new(), 1, 1, 0);
+}

@@ -1,0 +1,155 @@
+//! `RateLimiter` on the paused clock.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use taskweave_limit::{CheckError, RateLimiter, WaitError};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+const MS: Duration = Duration::from_millis(1);
+
+#[test]
+fn fifteen_concurrent_allows_on_a_burst_of_five_grant_exactly_five() {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        // A slow rate, so that no token comes back during the test.
+        let limiter = RateLimiter::new(1, 5);
+        let granted = Arc::new(AtomicUsize::new(0));
+        let start = Arc::new(tokio::sync::Barrier::new(15));
+        let tasks: Vec<_> = (0..15)
+            .map(|_| {
+                let limiter = limiter.clone();
+                let granted = Arc::clone(&granted);
+                let start = Arc::clone(&start);
+                tokio::spawn(async move {
+                    start.wait().await;
+                    if limiter.allow() {
+                        granted.fetch_add(1, Ordering::SeqCst);
+                    }
+                })
+            })
+            .collect();
+        for task in tasks {
+            task.await.unwrap();
+        }
+        assert_eq!(granted.load(Ordering::SeqCst), 5);
+    });
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_wait_cancelled_before_it_can_finish_consumes_nothing() {
+    let limiter = RateLimiter::new(10, 1);
+    assert!(limiter.allow());
+    let token = CancellationToken::new();
+    let deadline = token.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(50 * MS).await; // the next token is due at 100 ms
+        deadline.cancel();
+    });
+    assert_eq!(limiter.wait(&token).await, Err(WaitError::Cancelled));
+    tokio::time::sleep(50 * MS).await;
+    assert!(limiter.allow(), "the token due at 100 ms is still there");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_long_run_at_100_per_second_grants_100_per_second() {
+    let limiter = RateLimiter::new(100, 1);
+    let token = CancellationToken::new();
+    let started = Instant::now();
+    let mut granted = 0_u32;
+    while started.elapsed() < Duration::from_secs(10) {
+        limiter.wait(&token).await.unwrap();
+        granted += 1;
+    }
+    // 10 s of paused time: one at 0 ms and one every 10 ms after, give or take the last.
+    assert!((999..=1001).contains(&granted), "granted {granted}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn burst_then_steady_rate() {
+    let limiter = RateLimiter::new(10, 3);
+    assert_eq!(limiter.available(), 3);
+    assert!(limiter.allow() && limiter.allow() && limiter.allow());
+    assert_eq!(limiter.available(), 0);
+    assert_eq!(
+        limiter.check_n(1),
+        Err(CheckError::NotYet { wait: 100 * MS })
+    );
+    tokio::time::sleep(250 * MS).await;
+    assert_eq!(limiter.available(), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn more_than_the_burst_is_an_error_not_a_hang() {
+    let limiter = RateLimiter::new(10, 3);
+    let token = CancellationToken::new();
+    assert_eq!(
+        limiter.check_n(4),
+        Err(CheckError::ExceedsBurst {
+            requested: 4,
+            burst: 3
+        })
+    );
+    assert_eq!(
+        limiter.wait_n(&token, 4).await,
+        Err(WaitError::ExceedsBurst {
+            requested: 4,
+            burst: 3
+        })
+    );
+    assert!(limiter.reserve_n(4).is_err());
+    limiter.wait_n(&token, 3).await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_reservation_says_when_and_cancel_gives_the_tokens_back() {
+    let limiter = RateLimiter::new(10, 1);
+    let now = limiter.reserve();
+    assert_eq!(now.delay(), Duration::ZERO);
+    let later = limiter.reserve();
+    assert_eq!(later.delay(), 100 * MS);
+    let even_later = limiter.reserve_n(1).unwrap();
+    assert_eq!(even_later.delay(), 200 * MS);
+    even_later.cancel();
+    later.cancel();
+    // Both future tokens are back: the next one is due at 100 ms again.
+    assert_eq!(
+        limiter.check_n(1),
+        Err(CheckError::NotYet { wait: 100 * MS })
+    );
+    let started = Instant::now();
+    let reservation = limiter.reserve();
+    reservation.ready().await;
+    assert_eq!(started.elapsed(), 100 * MS);
+    drop(now);
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_rate_and_burst_change_on_a_live_limiter() {
+    let limiter = RateLimiter::new(10, 1);
+    assert!(limiter.allow());
+    limiter.set_rate(100);
+    assert_eq!(limiter.interval(), 10 * MS);
+    tokio::time::sleep(100 * MS).await;
+    limiter.set_burst(5);
+    assert_eq!(limiter.burst(), 5);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(limiter.available(), 5);
+}
+
+#[test]
+#[should_panic(expected = "rate must be greater than zero")]
+fn zero_rate_is_a_programmer_error() {
+    let _ = RateLimiter::new(0, 1);
+}
+
+#[test]
+#[should_panic(expected = "burst must be greater than zero")]
+fn zero_burst_is_a_programmer_error() {
+    let _ = RateLimiter::new(1, 0);
+}

@@ -1,0 +1,38 @@
+//! `rate_limited`: order kept, timing by the limiter, end with the input.
+
+use std::time::Duration;
+
+use futures::StreamExt;
+use futures::stream::FusedStream;
+use taskweave_limit::{RateLimitExt, RateLimiter};
+use tokio::time::Instant;
+
+#[tokio::test(start_paused = true)]
+async fn items_keep_their_order_and_follow_the_rate() {
+    let origin = Instant::now();
+    let times: Vec<(u32, u128)> = futures::stream::iter(0..5)
+        .rate_limited(RateLimiter::new(10, 2))
+        .map(|item| (item, origin.elapsed().as_millis()))
+        .collect()
+        .await;
+    assert_eq!(times, [(0, 0), (1, 0), (2, 100), (3, 200), (4, 300)]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn streams_sharing_a_limiter_share_its_tokens() {
+    let limiter = RateLimiter::new(10, 1);
+    let mut a = futures::stream::iter(0..2).rate_limited(limiter.clone());
+    let mut b = futures::stream::iter(0..2).rate_limited(limiter);
+    let started = Instant::now();
+    a.next().await.unwrap();
+    b.next().await.unwrap();
+    assert_eq!(started.elapsed(), Duration::from_millis(100));
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_stream_ends_with_its_input() {
+    let mut stream = futures::stream::iter(Vec::<u8>::new()).rate_limited(RateLimiter::new(1, 1));
+    assert!(stream.next().await.is_none());
+    assert!(stream.is_terminated());
+    assert!(stream.next().await.is_none());
+}
