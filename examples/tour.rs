@@ -8,8 +8,10 @@ mod support;
 use std::time::Duration;
 
 use taskweave::group::{CollectGroup, TaskGroup, map_parallel};
+use taskweave::limit::{KeyedRateLimiter, RateLimiter};
 use taskweave::periodic::{FirstRun, Periodic};
 use taskweave::pool::{JobContext, TrySubmitError, WorkerPool, run};
+use taskweave::semaphore::Semaphore;
 use taskweave::supervise::{RestartPolicy, Supervisor, spawn};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -22,6 +24,7 @@ async fn main() {
     periodic(&root).await;
     pool(&root).await;
     group(&root).await;
+    limits(&root).await;
     println!("\ntour finished");
 }
 
@@ -269,4 +272,46 @@ async fn group(root: &CancellationToken) {
     .await
     .expect("no failure");
     println!("map_parallel keeps input order: {squares:?}");
+}
+
+async fn limits(root: &CancellationToken) {
+    println!("\n== semaphore and limit: how many at once, how many per second ==");
+    let api = Semaphore::new(2);
+    let first = api.acquire(root).await.expect("open");
+    let second = api.acquire(root).await.expect("open");
+    println!("in use {} of {}", api.in_use(), api.capacity());
+    let impatient = root.child_token();
+    let canceller = impatient.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        canceller.cancel();
+    });
+    println!(
+        "a third caller with a 20 ms deadline: {:?}",
+        api.acquire(&impatient).await.map(|_| ())
+    );
+    println!(
+        "asking for 3 of 2: {:?}",
+        api.acquire_many(root, 3).await.map(|_| ())
+    );
+    drop((first, second));
+
+    let limiter = RateLimiter::new(20, 2);
+    let started = Instant::now();
+    for n in 1..=4 {
+        limiter.wait(root).await.expect("not cancelled");
+        println!("  token {n} at {:>3} ms", started.elapsed().as_millis());
+    }
+    let per_client = KeyedRateLimiter::new(root.child_token(), 1, 1, 1_000);
+    let answers: Vec<&str> = ["alice", "alice", "bob"]
+        .iter()
+        .map(|client| {
+            if per_client.allow(client) {
+                "200"
+            } else {
+                "429"
+            }
+        })
+        .collect();
+    println!("alice, alice, bob: {answers:?}");
 }

@@ -28,7 +28,12 @@ async fn callers_go_through_one_per_period_in_call_order() {
     }
     assert_eq!(
         times,
-        [(0, Duration::ZERO), (1, 100 * MS), (2, 200 * MS), (3, 300 * MS)]
+        [
+            (0, Duration::ZERO),
+            (1, 100 * MS),
+            (2, 200 * MS),
+            (3, 300 * MS)
+        ]
     );
 }
 
