@@ -30,7 +30,10 @@ impl Clock {
     }
 
     pub(crate) fn instant(&self, at: u64) -> Instant {
-        self.base + Duration::from_nanos(at)
+        let far = Duration::from_secs(60 * 60 * 24 * 365 * 30);
+        self.base
+            .checked_add(Duration::from_nanos(at))
+            .unwrap_or_else(|| self.base + far)
     }
 }
 
@@ -88,13 +91,32 @@ impl Tat {
         (new_tat.saturating_sub(horizon), new_tat)
     }
 
-    /// Gives back `n` tokens taken by a reservation, as far as they are still in the future.
-    pub(crate) fn give_back(&self, now: u64, n: u32, interval: u64) {
+    /// Cancels a reservation of `n` tokens that moved `tat` to `reserved_tat` and was due at
+    /// `due` (Go's `x/time/rate` rule): nothing if it is already due; otherwise the tokens
+    /// not yet re-reserved by later callers (those reserved after it keep their place), and
+    /// never to a time before `now`.
+    pub(crate) fn cancel(&self, now: u64, n: u32, interval: u64, reserved_tat: u64, due: u64) {
+        if due <= now {
+            return;
+        }
         let cost = interval.saturating_mul(u64::from(n));
         let _ = self
             .0
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |tat| {
-                Some(tat.saturating_sub(cost).max(now.min(tat)))
+                let reserved_after = tat.saturating_sub(reserved_tat);
+                let refund = cost.saturating_sub(reserved_after);
+                Some(tat.saturating_sub(refund).max(now.min(tat)))
+            });
+    }
+
+    /// Moves `tat` so that the tokens owed stay the same when the interval changes.
+    pub(crate) fn rescale(&self, now: u64, old_interval: u64, new_interval: u64) {
+        let _ = self
+            .0
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |tat| {
+                let owed = u128::from(tat.saturating_sub(now));
+                let scaled = owed * u128::from(new_interval) / u128::from(old_interval.max(1));
+                Some(now.saturating_add(u64::try_from(scaled).unwrap_or(u64::MAX)))
             });
     }
 

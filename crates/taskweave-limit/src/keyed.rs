@@ -22,10 +22,14 @@ const SHARDS: usize = 16;
 ///   eviction task (stopped by its token, or when the limiter is dropped) removes those every
 ///   `sweep_every` (by default the time to refill a whole burst).
 /// - When a new key arrives and its shard is full, full buckets are removed first; if every
-///   bucket is still draining, the one closest to full is dropped, which makes that key
-///   slightly more lenient, never stricter. (governor's keyed limiter grows until someone
-///   calls `retain_recent`.) The eviction task stops when `token` is cancelled or the last
-///   handle is dropped.
+///   bucket is still draining, the one closest to full is dropped and its key starts again
+///   with a full burst. The bound therefore wins over the limit: with more keys active at
+///   once than a shard holds (`max_keys` spread over up to 16 shards), the evicted keys are
+///   not limited, and a client cycling through many keys can exploit that. Size `max_keys`
+///   above the number of keys you expect to be active within one refill time. (governor's
+///   keyed limiter grows until someone calls `retain_recent`.) Admitting a new key into a
+///   full shard scans that shard. The eviction task stops when `token` is cancelled or the
+///   last handle is dropped.
 /// - Per key: [`allow`](Self::allow), [`check_n`](Self::check_n), [`wait`](Self::wait), with
 ///   the same meaning as [`RateLimiter`](crate::RateLimiter)'s.
 ///
@@ -79,6 +83,10 @@ where
             per_second > 0,
             "KeyedRateLimiter::new: rate must be greater than zero"
         );
+        assert!(
+            per_second <= 1_000_000_000,
+            "KeyedRateLimiter::new: rate must be at most 1,000,000,000 per second"
+        );
         let interval = Duration::from_secs(1) / per_second;
         let refill = interval * burst;
         Self::with_sweep(token, interval, burst, max_keys, refill)
@@ -121,9 +129,13 @@ where
             clock: Clock::new(),
             interval: nanos(interval),
             burst,
-            shard_capacity: max_keys.div_ceil(SHARDS),
+            // Fewer shards than 16 for tiny bounds, so that shards × capacity never exceeds
+            // `max_keys`.
+            shard_capacity: max_keys / SHARDS.min(max_keys),
             hasher: RandomState::new(),
-            shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+            shards: (0..SHARDS.min(max_keys))
+                .map(|_| Mutex::new(HashMap::new()))
+                .collect(),
         });
         let weak = Arc::downgrade(&inner);
         drop(taskweave_supervise::spawn(
@@ -226,7 +238,7 @@ where
 
 impl<K: Hash + Eq> Inner<K> {
     fn shard(&self, key: &K) -> MutexGuard<'_, HashMap<K, u64>> {
-        let index = (self.hasher.hash_one(key) as usize) % SHARDS;
+        let index = (self.hasher.hash_one(key) as usize) % self.shards.len();
         lock(&self.shards[index])
     }
 
@@ -301,7 +313,10 @@ impl<K> fmt::Debug for KeyedRateLimiter<K> {
         f.debug_struct("KeyedRateLimiter")
             .field("interval", &Duration::from_nanos(self.inner.interval))
             .field("burst", &self.inner.burst)
-            .field("max_keys", &(self.inner.shard_capacity * SHARDS))
+            .field(
+                "max_keys",
+                &(self.inner.shard_capacity * self.inner.shards.len()),
+            )
             .finish_non_exhaustive()
     }
 }

@@ -19,6 +19,10 @@ pub trait RateLimitExt: Stream + Sized {
     /// The limiter can be shared with other streams and callers: they draw from the same
     /// bucket. No task is spawned: the stream makes progress while it is polled.
     ///
+    /// # Panics
+    ///
+    /// Panics when called outside a tokio runtime with a time driver (it creates a timer).
+    ///
     /// # Examples
     ///
     /// ```

@@ -18,7 +18,10 @@ use crate::WaitError;
 /// - Missed slots are not replayed: after a quiet minute the next caller goes at once, and
 ///   the one after it a full period later (a token bucket with a burst of 1 would behave the
 ///   same; this type is for when "never two within a period" is the rule).
-/// - A wait cancelled by its token gives its slot back if no later caller took the next one.
+/// - A wait cancelled by its token (or dropped) gives its slot back if no later caller took
+///   the next one; otherwise the slot stays unused.
+/// - Slots are spaced exactly; when a wait returns depends also on when its task is polled,
+///   so on a busy runtime two returns can be closer than a period in wall-clock time.
 /// - [`close`](Self::close) makes every waiter (and later caller) return
 ///   [`WaitError::Closed`].
 ///

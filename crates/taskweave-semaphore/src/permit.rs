@@ -31,8 +31,9 @@ impl<'a> Permit<'a> {
         self.permits
     }
 
-    /// Gives the permits up for good: the semaphore's capacity shrinks by as many. For a
-    /// resource that is gone (a connection that died), not as a way to skip the release.
+    /// Gives the permits up for good: the semaphore's capacity shrinks by as many (forgetting
+    /// the last one closes the semaphore). For a resource that is gone (a connection that
+    /// died), not as a way to skip the release.
     pub fn forget(mut self) {
         self.inner.forget(self.permits);
         self.permits = 0;

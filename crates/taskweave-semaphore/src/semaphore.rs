@@ -206,6 +206,15 @@ impl Semaphore {
         Ok(Permit::new(&self.inner, permits))
     }
 
+    /// [`try_acquire`](Self::try_acquire) for a permit that can move into a task.
+    ///
+    /// # Errors
+    ///
+    /// As [`try_acquire`](Self::try_acquire).
+    pub fn try_acquire_owned(&self) -> Result<OwnedPermit, TryAcquireError> {
+        self.try_acquire_many_owned(1)
+    }
+
     /// [`try_acquire_many`](Self::try_acquire_many) for permits that can move into a task.
     ///
     /// # Errors
@@ -242,7 +251,8 @@ impl Semaphore {
     }
 
     /// Permits held (or already assigned to a waiter): the saturation metric. Can exceed the
-    /// capacity for a while after a shrink, until the extra permits come back.
+    /// capacity for a while after a shrink, until the extra permits come back. Read without a
+    /// lock, so during a resize it may be briefly off.
     #[must_use]
     pub fn in_use(&self) -> usize {
         let capacity = self.capacity();
@@ -330,14 +340,22 @@ impl Inner {
             }
             Err(TryAcquireError::NoPermits) => {}
         }
+        // Declared before the tokio future, so it drops after it: permits tokio had assigned
+        // to this wait go back to tokio's pool when that future drops, and a shrink may still
+        // be owed them.
+        let mut settle = SettleDebt {
+            inner: self,
+            granted: false,
+        };
         // The queue position lives in this future for the whole wait.
         let acquire = self.semaphore.acquire_many(permits);
         let mut acquire = std::pin::pin!(acquire);
         let cancelled = token.cancelled();
         let mut cancelled = std::pin::pin!(cancelled);
-        let granted = |acquired: Result<tokio::sync::SemaphorePermit<'_>, _>| match acquired {
+        let mut granted = |acquired: Result<tokio::sync::SemaphorePermit<'_>, _>| match acquired {
             Ok(permit) => {
                 permit.forget();
+                settle.granted = true;
                 Ok(())
             }
             Err(_closed) => Err(AcquireError::Closed),
@@ -374,20 +392,43 @@ impl Inner {
         let unpaid = self.pay_debt(permits as usize);
         if unpaid > 0 {
             self.semaphore.add_permits(unpaid);
+            // A shrink that ran between `pay_debt` and here left debt with free permits.
+            self.settle_debt();
         }
     }
 
-    /// Permits given up for good: they retire what a shrink still owes, and the rest shrink
-    /// the capacity.
-    pub(crate) fn forget(&self, permits: u32) {
+    /// Retires free permits against what a shrink still owes. Cheap when nothing is owed.
+    pub(crate) fn settle_debt(&self) {
+        if self.debt.load(Ordering::Acquire) == 0 {
+            return;
+        }
         let _guard = self
+            .resize_lock
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let debt = self.debt.load(Ordering::Acquire);
+        let retired = self.semaphore.forget_permits(debt);
+        self.debt.fetch_sub(retired, Ordering::AcqRel);
+    }
+
+    /// Permits given up for good: they retire what a shrink still owes, and the rest shrink
+    /// the capacity. Forgetting the last permit closes the semaphore: nothing could ever be
+    /// acquired again, and waiters must not wait for ever.
+    pub(crate) fn forget(&self, permits: u32) {
+        let guard = self
             .resize_lock
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
         let unpaid = self.pay_debt(permits as usize);
         let capacity = self.capacity.load(Ordering::Acquire);
-        self.capacity
-            .store(capacity.saturating_sub(unpaid), Ordering::Release);
+        let remaining = capacity.saturating_sub(unpaid);
+        self.capacity.store(remaining, Ordering::Release);
+        drop(guard);
+        if remaining == 0 {
+            self.semaphore.close();
+        }
+        // A weighted waiter may now ask for more than the capacity.
+        self.resized.notify_waiters();
     }
 
     /// Uses up to `permits` to pay what a shrink still owes; returns what is left.
@@ -426,6 +467,20 @@ impl Inner {
             let forgotten = self.semaphore.forget_permits(shrink);
             self.debt.fetch_add(shrink - forgotten, Ordering::AcqRel);
             self.resized.notify_waiters();
+        }
+    }
+}
+
+/// Settles a shrink's debt when a wait ends without a grant (error, cancellation or drop).
+struct SettleDebt<'a> {
+    inner: &'a Inner,
+    granted: bool,
+}
+
+impl Drop for SettleDebt<'_> {
+    fn drop(&mut self) {
+        if !self.granted {
+            self.inner.settle_debt();
         }
     }
 }

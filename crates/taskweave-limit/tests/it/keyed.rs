@@ -42,10 +42,10 @@ async fn a_million_distinct_keys_never_exceed_the_bound_and_idle_keys_go() {
     for key in 0..1_000_000_u32 {
         assert!(limiter.allow(&key), "a new key has a full bucket");
         if key % 100_000 == 0 {
-            assert!(limiter.len() <= 1_008, "bound exceeded: {}", limiter.len());
+            assert!(limiter.len() <= 1_000, "bound exceeded: {}", limiter.len());
         }
     }
-    assert!(limiter.len() <= 1_008);
+    assert!(limiter.len() <= 1_000);
     // After the idle time (a burst's refill, 100 ms) the eviction task empties it.
     tokio::time::sleep(Duration::from_millis(250)).await;
     assert_eq!(limiter.len(), 0);
@@ -73,12 +73,33 @@ async fn dropping_the_limiter_stops_its_eviction_task() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn a_cancelled_wait_returns_cancelled() {
-    let limiter = KeyedRateLimiter::new(CancellationToken::new(), 1, 1, 10);
+async fn a_cancelled_wait_returns_cancelled_and_consumes_nothing() {
+    let limiter = KeyedRateLimiter::new(CancellationToken::new(), 10, 1, 10);
     assert!(limiter.allow(&7));
     let token = CancellationToken::new();
-    token.cancel();
+    let canceller = token.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        canceller.cancel();
+    });
     assert_eq!(limiter.wait(&token, &7).await, Err(WaitError::Cancelled));
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(limiter.allow(&7), "the token due at 100 ms is still there");
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_bound_holds_exactly_for_any_max_keys() {
+    for max_keys in [1_usize, 5, 20, 33] {
+        let limiter = KeyedRateLimiter::new(CancellationToken::new(), 1, 1, max_keys);
+        for key in 0..1_000_u32 {
+            assert!(limiter.allow(&key));
+            assert!(
+                limiter.len() <= max_keys,
+                "{} keys for a bound of {max_keys}",
+                limiter.len()
+            );
+        }
+    }
 }
 
 #[tokio::test]

@@ -18,7 +18,8 @@ fn fifteen_concurrent_allows_on_a_burst_of_five_grant_exactly_five() {
         .unwrap();
     runtime.block_on(async {
         // A slow rate, so that no token comes back during the test.
-        let limiter = RateLimiter::new(1, 5);
+        // One token an hour: none comes back while the test runs, however slow the machine.
+        let limiter = RateLimiter::with_interval(Duration::from_secs(3600), 5);
         let granted = Arc::new(AtomicUsize::new(0));
         let start = Arc::new(tokio::sync::Barrier::new(15));
         let tasks: Vec<_> = (0..15)
@@ -152,4 +153,45 @@ fn zero_rate_is_a_programmer_error() {
 #[should_panic(expected = "burst must be greater than zero")]
 fn zero_burst_is_a_programmer_error() {
     let _ = RateLimiter::new(1, 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn cancelling_a_reservation_in_the_middle_keeps_the_later_ones_in_place() {
+    let limiter = RateLimiter::new(10, 1);
+    let first = limiter.reserve(); // due at 0
+    let middle = limiter.reserve(); // due at 100 ms
+    let last = limiter.reserve(); // due at 200 ms
+    assert_eq!((middle.delay(), last.delay()), (100 * MS, 200 * MS));
+    middle.cancel();
+    // `last` keeps its slot at 200 ms; the middle token is not given to anyone before it.
+    assert_eq!(
+        limiter.check_n(1),
+        Err(CheckError::NotYet { wait: 300 * MS })
+    );
+    drop((first, last));
+}
+
+#[tokio::test(start_paused = true)]
+async fn cancelling_a_reservation_that_is_already_due_gives_nothing_back() {
+    let limiter = RateLimiter::new(10, 1);
+    let reservation = limiter.reserve();
+    tokio::time::sleep(50 * MS).await;
+    reservation.cancel();
+    assert_eq!(
+        limiter.check_n(1),
+        Err(CheckError::NotYet { wait: 50 * MS })
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn changing_the_rate_keeps_the_tokens_owed() {
+    let limiter = RateLimiter::new(1, 10);
+    for _ in 0..10 {
+        assert!(limiter.allow());
+    }
+    limiter.set_rate(1_000);
+    // Drained at 1/s and still drained at 1000/s, refilling at the new rate.
+    assert_eq!(limiter.available(), 0);
+    tokio::time::sleep(5 * MS).await;
+    assert_eq!(limiter.available(), 5);
 }

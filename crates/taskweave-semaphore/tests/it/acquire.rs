@@ -34,6 +34,9 @@ async fn owned_permits_move_into_tasks() {
     assert_eq!(semaphore.available(), 1);
     let owned = semaphore.try_acquire_many_owned(1).unwrap();
     assert_eq!(owned.num_permits(), 1);
+    assert!(semaphore.try_acquire_owned().is_err());
+    drop(owned);
+    assert!(semaphore.try_acquire_owned().is_ok());
 }
 
 #[tokio::test]

@@ -13,7 +13,9 @@ async fn a_large_request_is_not_starved_by_small_ones() {
     // Waits for 3 while 1 is free.
     let mut large = tokio_test::task::spawn(semaphore.acquire_many(&token, 3));
     assert_pending!(large.poll());
-    // Small requests do not jump the queue, even with a permit free.
+    // The free permit is already assigned to the large request, so small requests cannot
+    // jump the queue: none is free, three are in use (two held, one assigned).
+    assert_eq!((semaphore.available(), semaphore.in_use()), (0, 3));
     assert_eq!(
         semaphore.try_acquire().unwrap_err(),
         TryAcquireError::NoPermits

@@ -55,6 +55,77 @@ async fn a_waiter_above_the_new_capacity_fails_with_too_large() {
             capacity: 2
         }
     );
+    drop(waiter);
+    // The permits tokio had assigned to the waiter settle the shrink's debt: no new grant
+    // goes past the capacity.
+    assert_eq!(
+        (
+            semaphore.capacity(),
+            semaphore.available(),
+            semaphore.in_use()
+        ),
+        (2, 1, 1)
+    );
+}
+
+#[tokio::test]
+async fn a_cancelled_waiter_after_a_shrink_does_not_inflate_the_free_permits() {
+    let semaphore = Semaphore::new(3);
+    let held = semaphore.try_acquire().unwrap();
+    let token = CancellationToken::new();
+    let mut waiter = tokio_test::task::spawn(semaphore.acquire_many(&token, 3));
+    assert_pending!(waiter.poll()); // holds the 2 free permits while it waits
+    semaphore.resize(1);
+    token.cancel();
+    assert!(assert_ready!(waiter.poll()).is_err());
+    drop(waiter);
+    assert!(semaphore.available() <= semaphore.capacity());
+    drop(held);
+    assert_eq!(
+        (
+            semaphore.available(),
+            semaphore.capacity(),
+            semaphore.in_use()
+        ),
+        (1, 1, 0)
+    );
+}
+
+#[tokio::test]
+async fn forgetting_a_permit_under_a_weighted_waiter_fails_it_with_too_large() {
+    let semaphore = Semaphore::new(3);
+    let token = CancellationToken::new();
+    let held = semaphore.try_acquire().unwrap();
+    let mut waiter = tokio_test::task::spawn(semaphore.acquire_many(&token, 3));
+    assert_pending!(waiter.poll());
+    held.forget();
+    assert!(waiter.is_woken());
+    assert_eq!(
+        assert_ready!(waiter.poll()).unwrap_err(),
+        AcquireError::TooLarge {
+            requested: 3,
+            capacity: 2
+        }
+    );
+}
+
+#[tokio::test]
+async fn forgetting_the_last_permit_closes_the_semaphore() {
+    let semaphore = Semaphore::new(1);
+    let token = CancellationToken::new();
+    let held = semaphore.try_acquire().unwrap();
+    let mut waiter = tokio_test::task::spawn(semaphore.acquire(&token));
+    assert_pending!(waiter.poll());
+    held.forget();
+    assert!(
+        waiter.is_woken(),
+        "no waiter may wait for a permit that no longer exists"
+    );
+    assert_eq!(
+        assert_ready!(waiter.poll()).unwrap_err(),
+        AcquireError::Closed
+    );
+    assert!(semaphore.is_closed());
 }
 
 #[tokio::test]
