@@ -31,6 +31,14 @@ fn allow(c: &mut Criterion) {
             }
         });
     });
+    let fast = RateLimiter::new(1_000_000_000, 1_000_000).with_fast_clock();
+    group.bench_function(BenchmarkId::new("taskweave_fast_clock", OPS), |b| {
+        b.iter(|| {
+            for _ in 0..OPS {
+                black_box(fast.allow());
+            }
+        });
+    });
     group.bench_function(BenchmarkId::new("governor", OPS), |b| {
         b.iter(|| {
             for _ in 0..OPS {

@@ -195,3 +195,23 @@ async fn changing_the_rate_keeps_the_tokens_owed() {
     tokio::time::sleep(5 * MS).await;
     assert_eq!(limiter.available(), 5);
 }
+
+#[test]
+fn the_fast_clock_keeps_the_bucket_rules() {
+    // One token an hour, on the time-stamp counter: the burst, then nothing.
+    let limiter = RateLimiter::with_interval(Duration::from_secs(3600), 3).with_fast_clock();
+    assert!(limiter.allow() && limiter.allow() && limiter.allow());
+    assert!(!limiter.allow());
+    match limiter.check_n(1) {
+        Err(CheckError::NotYet { wait }) => assert!(wait > Duration::from_secs(3590)),
+        other => panic!("expected NotYet, got {other:?}"),
+    }
+}
+
+#[test]
+#[should_panic(expected = "choose the clock before cloning the limiter")]
+fn choosing_the_clock_after_cloning_is_a_programmer_error() {
+    let limiter = RateLimiter::new(10, 1);
+    let _clone = limiter.clone();
+    let _ = limiter.with_fast_clock();
+}
