@@ -69,6 +69,15 @@ fn keyed_allow(c: &mut Criterion) {
             }
         });
     });
+    let fast = KeyedRateLimiter::new(CancellationToken::new(), 1_000_000_000, 1_000_000, 10_000)
+        .with_fast_clock();
+    group.bench_function(BenchmarkId::new("taskweave_fast_clock", OPS), |b| {
+        b.iter(|| {
+            for i in 0..OPS {
+                black_box(fast.allow(&(i % KEYS)));
+            }
+        });
+    });
     group.bench_function(BenchmarkId::new("governor", OPS), |b| {
         b.iter(|| {
             for i in 0..OPS {

@@ -107,3 +107,18 @@ async fn the_bound_holds_exactly_for_any_max_keys() {
 async fn zero_keys_is_a_programmer_error() {
     let _ = KeyedRateLimiter::<u8>::new(CancellationToken::new(), 1, 1, 0);
 }
+
+#[tokio::test(start_paused = true)]
+async fn the_fast_clock_keeps_per_key_buckets() {
+    let limiter = KeyedRateLimiter::with_sweep(
+        CancellationToken::new(),
+        Duration::from_secs(3600),
+        1,
+        10,
+        Duration::from_secs(3600),
+    )
+    .with_fast_clock();
+    assert!(limiter.allow(&"a"));
+    assert!(!limiter.allow(&"a"));
+    assert!(limiter.allow(&"b"));
+}
