@@ -260,6 +260,26 @@ impl Periodic {
     /// even a panic outside a run would be caught) and returns its handle; awaiting the handle
     /// yields the report once `token` is cancelled.
     ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use taskweave_periodic::Periodic;
+    /// use tokio_util::sync::CancellationToken;
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() {
+    /// let token = CancellationToken::new();
+    /// let heartbeat = Periodic::new(Duration::from_secs(1))
+    ///     .with_name("heartbeat")
+    ///     .spawn(token.clone(), |_run_token| async {});
+    /// assert_eq!(heartbeat.name(), "heartbeat");
+    /// tokio::time::sleep(Duration::from_millis(2500)).await;
+    /// token.cancel();
+    /// assert_eq!(heartbeat.await.unwrap().runs, 2);
+    /// # }
+    /// ```
+    ///
     /// # Panics
     ///
     /// Panics when called outside a tokio runtime.

@@ -71,7 +71,7 @@ where
 }
 
 pin_project! {
-    /// Future returned by [`catch_panic`].
+    /// Future returned by [`catch_panic`]; see there for an example.
     #[must_use = "futures do nothing unless polled"]
     pub struct CatchPanic<F> {
         name: TaskName,

@@ -105,6 +105,30 @@ impl RestartPolicy {
 }
 
 /// How one run of a restarting task failed.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use taskweave_supervise::{Failure, RestartError, RestartPolicy, Supervisor};
+/// use tokio_util::sync::CancellationToken;
+///
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+/// # async fn main() {
+/// let supervisor = Supervisor::new(CancellationToken::new());
+/// let task = supervisor
+///     .spawn_restarting("once", RestartPolicy::new(0, Duration::from_secs(1)), |_token| async {
+///         Err::<(), _>("bad config")
+///     })
+///     .unwrap();
+/// match task.await.unwrap() {
+///     Err(RestartError::GaveUp { last: Failure::Error(error), restarts: 0, .. }) => {
+///         assert_eq!(error, "bad config")
+///     }
+///     other => unreachable!("{other:?}"),
+/// }
+/// # }
+/// ```
 #[derive(Debug)]
 #[non_exhaustive]
 pub enum Failure<E> {
@@ -126,7 +150,7 @@ impl<E: fmt::Display> fmt::Display for Failure<E> {
 // `E: Debug + Display` rather than `E: Error`, so that `anyhow::Error` works too.
 impl<E: fmt::Debug + fmt::Display> Error for Failure<E> {}
 
-/// How a restarting task ended without a successful run.
+/// How a restarting task ended without a successful run; see [`Failure`] for an example.
 #[derive(Debug)]
 #[non_exhaustive]
 pub enum RestartError<E> {

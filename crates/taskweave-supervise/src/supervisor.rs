@@ -333,6 +333,28 @@ impl Supervisor {
     }
 
     /// Why the supervisor gave up, if a restarting task exceeded its intensity limit.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use taskweave_supervise::{RestartPolicy, Supervisor};
+    /// use tokio_util::sync::CancellationToken;
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() {
+    /// let supervisor = Supervisor::new(CancellationToken::new());
+    /// let policy = RestartPolicy::new(1, Duration::from_secs(60));
+    /// let task = supervisor
+    ///     .spawn_restarting("poller", policy, |_token| async { Err("upstream down") })
+    ///     .unwrap();
+    /// assert!(task.await.unwrap().is_err());
+    /// let escalation = supervisor.escalation().unwrap();
+    /// assert_eq!(escalation.task, "poller");
+    /// assert_eq!(escalation.last_failure, "upstream down");
+    /// assert!(supervisor.token().is_cancelled());
+    /// # }
+    /// ```
     #[must_use]
     pub fn escalation(&self) -> Option<&Escalation> {
         self.shared.escalation.get()
