@@ -13,6 +13,7 @@
 //! | [`group`] | `taskweave-group` | errgroup-style task groups, ordered parallel map |
 //! | [`semaphore`] | `taskweave-semaphore` | fair, cancellable, resizable semaphore |
 //! | [`limit`] | `taskweave-limit` | token bucket, tick and keyed rate limiters |
+//! | [`ordone`] | `taskweave-ordone` | a stream that ends when a token is cancelled |
 //!
 //! # Example
 //!
@@ -49,3 +50,7 @@ pub use taskweave_semaphore as semaphore;
 #[cfg(feature = "limit")]
 #[doc(inline)]
 pub use taskweave_limit as limit;
+
+#[cfg(feature = "ordone")]
+#[doc(inline)]
+pub use taskweave_ordone as ordone;
