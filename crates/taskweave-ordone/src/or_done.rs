@@ -1,17 +1,14 @@
 //! `OrDone`: the adapter, its constructor function and its extension trait.
 
 use std::fmt;
-use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::task::{Context, Poll, Wake, Waker};
+use std::task::{Context, Poll};
 
 use futures::Stream;
 use futures::stream::FusedStream;
-use futures::task::AtomicWaker;
 use pin_project_lite::pin_project;
-use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
+use taskweave_supervise::TokenWatch;
+use tokio_util::sync::CancellationToken;
 
 /// Wraps `stream` so that it ends as soon as `token` is cancelled or `stream` ends.
 ///
@@ -36,52 +33,12 @@ use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 /// # }
 /// ```
 pub fn or_done<S: Stream>(token: CancellationToken, stream: S) -> OrDone<S> {
-    let signal = Arc::new(Signal {
-        cancelled: AtomicBool::new(false),
-        consumer: AtomicWaker::new(),
-    });
-    // Registered once, with a waker of our own: tokio-util wakes it inside `cancel()`, which
-    // sets the flag and wakes whoever polled last. Each poll then costs one atomic load
-    // instead of the token's lock (`take_until(token.cancelled())` takes it on every item).
-    // Boxed so that `OrDone` is `Unpin` when the input is (the cancellation future is not).
-    let mut watch = Box::pin(token.cancelled_owned());
-    let waker = Waker::from(Arc::clone(&signal));
-    if watch
-        .as_mut()
-        .poll(&mut Context::from_waker(&waker))
-        .is_ready()
-    {
-        signal.cancelled.store(true, Ordering::Release);
-    }
     OrDone {
         stream,
-        signal,
-        _watch: watch,
+        // One waker registered on the token, once: each poll then costs one atomic load
+        // instead of the token's lock (`take_until(token.cancelled())` takes it every item).
+        watch: TokenWatch::new(&token),
         done: false,
-    }
-}
-
-/// Set (and the consumer woken) when the token is cancelled.
-struct Signal {
-    cancelled: AtomicBool,
-    consumer: AtomicWaker,
-}
-
-impl Signal {
-    fn is_cancelled(&self) -> bool {
-        // Acquire pairs with the Release in `wake_by_ref`.
-        self.cancelled.load(Ordering::Acquire)
-    }
-}
-
-impl Wake for Signal {
-    fn wake(self: Arc<Self>) {
-        self.wake_by_ref();
-    }
-
-    fn wake_by_ref(self: &Arc<Self>) {
-        self.cancelled.store(true, Ordering::Release);
-        self.consumer.wake();
     }
 }
 
@@ -118,9 +75,7 @@ pin_project! {
     pub struct OrDone<S> {
         #[pin]
         stream: S,
-        signal: Arc<Signal>,
-        // Keeps our waker registered on the token.
-        _watch: Pin<Box<WaitForCancellationFutureOwned>>,
+        watch: TokenWatch,
         done: bool,
     }
 }
@@ -134,16 +89,16 @@ impl<S: Stream> Stream for OrDone<S> {
             return Poll::Ready(None);
         }
         // The token first: cancellation wins over an item that is ready at the same time.
-        if this.signal.is_cancelled() {
+        if this.watch.is_cancelled() {
             *this.done = true;
             return Poll::Ready(None);
         }
         match this.stream.poll_next(cx) {
             Poll::Pending => {
-                this.signal.consumer.register(cx.waker());
+                this.watch.register(cx.waker());
                 // A cancellation between the check above and the registration would have
                 // woken nobody: look again.
-                if this.signal.is_cancelled() {
+                if this.watch.is_cancelled() {
                     *this.done = true;
                     return Poll::Ready(None);
                 }

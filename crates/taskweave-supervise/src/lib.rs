@@ -12,6 +12,8 @@
 //!   drains by a deadline, aborts stragglers and returns a [`DrainReport`] naming them.
 //! - [`Supervisor::spawn_restarting`] with a [`RestartPolicy`]: restart with exponential
 //!   backoff up to an intensity limit, then escalate by cancelling the supervisor's token.
+//! - [`TokenWatch`]: a `CancellationToken` checked with one atomic load, for the hot loops of
+//!   the other crates.
 //!
 //! # Example
 //!
@@ -57,6 +59,7 @@ mod report;
 mod restart;
 mod spawn;
 mod supervisor;
+mod watch;
 
 pub use catch::{CatchPanic, catch_panic};
 pub use error::{PanicError, SpawnError, TaskError};
@@ -65,3 +68,4 @@ pub use report::{DrainReport, Escalation, SupervisorMetrics};
 pub use restart::{Failure, RestartError, RestartPolicy};
 pub use spawn::{TaskHandle, spawn};
 pub use supervisor::Supervisor;
+pub use watch::TokenWatch;

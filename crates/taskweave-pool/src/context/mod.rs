@@ -1,15 +1,10 @@
 //! `JobContext`: what a handler gets with each job, and the cheap cancellation flag behind it.
 
 use std::fmt;
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::task::{Context, Wake, Waker};
 
-use tokio_util::sync::{
-    CancellationToken, WaitForCancellationFuture, WaitForCancellationFutureOwned,
-};
+use taskweave_supervise::TokenWatch;
+use tokio_util::sync::{CancellationToken, WaitForCancellationFuture};
 
 /// What a pool or batch handler receives with each job: the job's index and the token that is
 /// cancelled when the run or pool stops its handlers.
@@ -83,69 +78,27 @@ impl fmt::Debug for JobContext {
     }
 }
 
-/// A token plus a flag that mirrors its cancellation, readable with one atomic load.
-///
-/// `CancellationToken::is_cancelled` takes a lock. The flag is set by a waker registered on
-/// the token once, which tokio-util wakes from inside `cancel()` (of the token or an
-/// ancestor). `CancelState::cancel` also sets it itself, so that after the pool cancels its
-/// own token the flag is `true` without depending on that detail. For a cancellation that
-/// comes from an ancestor, the flag follows as soon as that waker runs.
+/// The pool's or batch's token and its [`TokenWatch`], so that the per-job check is one
+/// atomic load instead of the token's lock.
 pub(crate) struct CancelState {
     token: CancellationToken,
-    flag: Arc<Flag>,
-    // Keeps the waker registered on the token for as long as the flag is in use.
-    _watch: Pin<Box<WaitForCancellationFutureOwned>>,
-}
-
-/// Runs inside `cancel()`, on the cancelling thread, right after the flag is set.
-pub(crate) type OnCancel = Box<dyn Fn() + Send + Sync>;
-
-struct Flag {
-    cancelled: AtomicBool,
-    on_cancel: Option<OnCancel>,
-}
-
-impl Wake for Flag {
-    fn wake(self: Arc<Self>) {
-        self.wake_by_ref();
-    }
-
-    fn wake_by_ref(self: &Arc<Self>) {
-        // Release pairs with the Acquire in `is_cancelled`: a reader that sees `true` also
-        // sees everything the canceller did before `cancel()`.
-        let first = !self.cancelled.swap(true, Ordering::AcqRel);
-        if let (true, Some(on_cancel)) = (first, &self.on_cancel) {
-            on_cancel();
-        }
-    }
+    watch: TokenWatch,
 }
 
 impl CancelState {
     pub(crate) fn new(token: CancellationToken) -> Arc<Self> {
-        Self::with_hook(token, None)
+        let watch = TokenWatch::new(&token);
+        Arc::new(CancelState { token, watch })
     }
 
     /// Like `new`, and runs `on_cancel` once when the token is cancelled (synchronously,
     /// inside `cancel()`; or at once if it already is).
-    pub(crate) fn with_hook(token: CancellationToken, on_cancel: Option<OnCancel>) -> Arc<Self> {
-        let flag = Arc::new(Flag {
-            cancelled: AtomicBool::new(false),
-            on_cancel,
-        });
-        let mut watch = Box::pin(token.clone().cancelled_owned());
-        let waker = Waker::from(Arc::clone(&flag));
-        if watch
-            .as_mut()
-            .poll(&mut Context::from_waker(&waker))
-            .is_ready()
-        {
-            flag.wake_by_ref();
-        }
-        Arc::new(CancelState {
-            token,
-            flag,
-            _watch: watch,
-        })
+    pub(crate) fn with_hook(
+        token: CancellationToken,
+        on_cancel: impl Fn() + Send + Sync + 'static,
+    ) -> Arc<Self> {
+        let watch = TokenWatch::with_hook(&token, on_cancel);
+        Arc::new(CancelState { token, watch })
     }
 
     pub(crate) fn token(&self) -> &CancellationToken {
@@ -153,7 +106,7 @@ impl CancelState {
     }
 
     pub(crate) fn is_cancelled(&self) -> bool {
-        self.flag.cancelled.load(Ordering::Acquire)
+        self.watch.is_cancelled()
     }
 
     /// Cancels the token; the flag is set (and the hook has run) before this returns.
@@ -161,7 +114,7 @@ impl CancelState {
         self.token.cancel();
         // tokio-util wakes our waker inside `cancel()`, but when another thread cancelled a
         // parent at the same moment, its wake-up may still be on the way: set it here too.
-        self.flag.wake_by_ref();
+        self.watch.set();
     }
 }
 

@@ -20,12 +20,9 @@ fn cancelling_an_ancestor_sets_the_flag_and_runs_the_hook_once() {
     let child = root.child_token().child_token();
     let calls = Arc::new(AtomicUsize::new(0));
     let counted = Arc::clone(&calls);
-    let state = CancelState::with_hook(
-        child,
-        Some(Box::new(move || {
-            counted.fetch_add(1, Ordering::SeqCst);
-        })),
-    );
+    let state = CancelState::with_hook(child, move || {
+        counted.fetch_add(1, Ordering::SeqCst);
+    });
     root.cancel();
     assert!(state.is_cancelled());
     state.cancel();
@@ -38,12 +35,9 @@ fn an_already_cancelled_token_starts_cancelled() {
     token.cancel();
     let calls = Arc::new(AtomicUsize::new(0));
     let counted = Arc::clone(&calls);
-    let state = CancelState::with_hook(
-        token,
-        Some(Box::new(move || {
-            counted.fetch_add(1, Ordering::SeqCst);
-        })),
-    );
+    let state = CancelState::with_hook(token, move || {
+        counted.fetch_add(1, Ordering::SeqCst);
+    });
     assert!(state.is_cancelled());
     assert_eq!(calls.load(Ordering::SeqCst), 1);
 }

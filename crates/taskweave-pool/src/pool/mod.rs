@@ -201,12 +201,9 @@ where
             workers: Supervisor::new(token.clone()),
             // Cancellation closes the queue: workers blocked in `recv` and submitters blocked
             // in `send` wake up at once, without each registering on the token.
-            cancel: CancelState::with_hook(
-                token,
-                Some(Box::new(move || {
-                    closer.close();
-                })),
-            ),
+            cancel: CancelState::with_hook(token, move || {
+                closer.close();
+            }),
             returned: Mutex::new(Vec::new()),
             detached: AtomicBool::new(false),
             counters: Counters::new(settings.workers),

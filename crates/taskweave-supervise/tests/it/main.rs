@@ -6,3 +6,4 @@ mod restart;
 mod spawn;
 mod supervisor;
 mod support;
+mod watch;

@@ -1,0 +1,129 @@
+//! `TokenWatch`: a cancellation token watched by one waker, read with one atomic load.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::task::{Context, Wake, Waker};
+
+use futures::task::AtomicWaker;
+use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
+
+/// Watches a [`CancellationToken`] so that hot paths can check it with one atomic load.
+///
+/// `CancellationToken::is_cancelled` and polling `token.cancelled()` take the token's lock,
+/// every time; in a loop that handles one item per check, that lock is most of the cost. A
+/// `TokenWatch` registers a waker of its own on the token once. tokio-util runs that waker
+/// inside `cancel()` (of the token or an ancestor), and it sets a flag, wakes the waker last
+/// given to [`register`](Self::register), and runs an optional hook.
+///
+/// The flag follows the cancellation as soon as tokio-util has woken its waiters, which it
+/// does before the `cancel()` call that caused it returns.
+///
+/// # Examples
+///
+/// ```
+/// use taskweave_supervise::TokenWatch;
+/// use tokio_util::sync::CancellationToken;
+///
+/// let token = CancellationToken::new();
+/// let watch = TokenWatch::new(&token);
+/// assert!(!watch.is_cancelled());
+/// token.cancel();
+/// assert!(watch.is_cancelled());
+/// ```
+pub struct TokenWatch {
+    signal: Arc<Signal>,
+    // Keeps our waker registered on the token.
+    _watch: Pin<Box<WaitForCancellationFutureOwned>>,
+}
+
+struct Signal {
+    cancelled: AtomicBool,
+    waiter: AtomicWaker,
+    on_cancel: Option<Box<dyn Fn() + Send + Sync>>,
+}
+
+impl TokenWatch {
+    /// Watches `token`.
+    #[must_use]
+    pub fn new(token: &CancellationToken) -> Self {
+        Self::build(token, None)
+    }
+
+    /// Watches `token` and runs `on_cancel` once when it is cancelled: synchronously, inside
+    /// the `cancel()` call (or here, if the token is already cancelled). Keep it short; it
+    /// must not block or cancel the same token.
+    #[must_use]
+    pub fn with_hook(
+        token: &CancellationToken,
+        on_cancel: impl Fn() + Send + Sync + 'static,
+    ) -> Self {
+        Self::build(token, Some(Box::new(on_cancel)))
+    }
+
+    fn build(token: &CancellationToken, on_cancel: Option<Box<dyn Fn() + Send + Sync>>) -> Self {
+        let signal = Arc::new(Signal {
+            cancelled: AtomicBool::new(false),
+            waiter: AtomicWaker::new(),
+            on_cancel,
+        });
+        let mut watch = Box::pin(token.clone().cancelled_owned());
+        let waker = Waker::from(Arc::clone(&signal));
+        if watch
+            .as_mut()
+            .poll(&mut Context::from_waker(&waker))
+            .is_ready()
+        {
+            signal.wake_by_ref();
+        }
+        TokenWatch {
+            signal,
+            _watch: watch,
+        }
+    }
+
+    /// `true` once the token is cancelled (or [`set`](Self::set) was called).
+    #[must_use]
+    pub fn is_cancelled(&self) -> bool {
+        // Acquire pairs with the Release in `Signal::wake_by_ref`: whoever sees `true` sees
+        // what was done before the cancellation.
+        self.signal.cancelled.load(Ordering::Acquire)
+    }
+
+    /// Wakes `waker` on cancellation (replacing the one registered before). Check
+    /// [`is_cancelled`](Self::is_cancelled) after registering, or a cancellation in between
+    /// is missed.
+    pub fn register(&self, waker: &Waker) {
+        self.signal.waiter.register(waker);
+    }
+
+    /// Marks the watch cancelled now (and runs the hook once), without waiting for tokio-util
+    /// to wake it: for an owner that cancels the token itself and must see the flag at once.
+    pub fn set(&self) {
+        self.signal.wake_by_ref();
+    }
+}
+
+impl Wake for Signal {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        let first = !self.cancelled.swap(true, Ordering::AcqRel);
+        if let (true, Some(on_cancel)) = (first, &self.on_cancel) {
+            on_cancel();
+        }
+        self.waiter.wake();
+    }
+}
+
+impl fmt::Debug for TokenWatch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TokenWatch")
+            .field("cancelled", &self.is_cancelled())
+            .finish()
+    }
+}
