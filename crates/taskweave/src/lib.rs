@@ -14,6 +14,7 @@
 //! | [`semaphore`] | `taskweave-semaphore` | fair, cancellable, resizable semaphore |
 //! | [`limit`] | `taskweave-limit` | token bucket, tick and keyed rate limiters |
 //! | [`ordone`] | `taskweave-ordone` | a stream that ends when a token is cancelled |
+//! | [`fan`] | `taskweave-fan` | fair merge (fan-in) and fan-out |
 //!
 //! # Example
 //!
@@ -54,3 +55,7 @@ pub use taskweave_limit as limit;
 #[cfg(feature = "ordone")]
 #[doc(inline)]
 pub use taskweave_ordone as ordone;
+
+#[cfg(feature = "fan")]
+#[doc(inline)]
+pub use taskweave_fan as fan;
