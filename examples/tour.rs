@@ -7,8 +7,11 @@ mod support;
 
 use std::time::Duration;
 
+use futures::StreamExt;
+use taskweave::fan::{fan_out, merge};
 use taskweave::group::{CollectGroup, TaskGroup, map_parallel};
 use taskweave::limit::{KeyedRateLimiter, RateLimiter};
+use taskweave::ordone::OrDoneExt;
 use taskweave::periodic::{FirstRun, Periodic};
 use taskweave::pool::{JobContext, TrySubmitError, WorkerPool, run};
 use taskweave::semaphore::Semaphore;
@@ -25,6 +28,7 @@ async fn main() {
     pool(&root).await;
     group(&root).await;
     limits(&root).await;
+    streams(&root).await;
     println!("\ntour finished");
 }
 
@@ -314,4 +318,38 @@ async fn limits(root: &CancellationToken) {
         })
         .collect();
     println!("alice, alice, bob: {answers:?}");
+}
+
+async fn streams(root: &CancellationToken) {
+    println!("\n== ordone and fan: streams that stop on a token, fair merges, fan-out ==");
+    let token = root.child_token();
+    let mut ticks = futures::stream::iter(1..).or_done(token.clone());
+    let mut seen = Vec::new();
+    while let Some(tick) = ticks.next().await {
+        seen.push(tick);
+        if tick == 3 {
+            token.cancel();
+        }
+    }
+    println!("or_done stopped the endless stream after {seen:?}, no select! needed");
+
+    let busy = futures::stream::iter(vec!["busy"; 4]);
+    let quiet = futures::stream::iter(vec!["quiet"; 2]);
+    let merged: Vec<&str> = merge(root.clone(), [busy, quiet]).collect().await;
+    println!("merge takes turns: {merged:?}");
+
+    let mut squares: Vec<u64> = fan_out(
+        root.clone(),
+        futures::stream::iter(1..=6_u64),
+        3,
+        |n| async move {
+            tokio::time::sleep(Duration::from_millis(10 * (7 - n))).await;
+            n * n
+        },
+    )
+    .collect()
+    .await;
+    print!("fan_out over 3 copies, completion order {squares:?}");
+    squares.sort_unstable();
+    println!(", sorted {squares:?}");
 }
