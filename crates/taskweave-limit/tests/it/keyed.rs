@@ -3,24 +3,9 @@
 use std::time::Duration;
 
 use taskweave_limit::{KeyedRateLimiter, WaitError};
+use taskweave_testkit::{alive_tasks, assert_no_leaked_tasks};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-
-fn alive_tasks() -> usize {
-    tokio::runtime::Handle::current()
-        .metrics()
-        .num_alive_tasks()
-}
-
-async fn assert_no_leaked_tasks(baseline: usize) {
-    for _ in 0..32 {
-        if alive_tasks() == baseline {
-            return;
-        }
-        tokio::task::yield_now().await;
-    }
-    assert_eq!(alive_tasks(), baseline, "tasks leaked");
-}
 
 #[tokio::test(start_paused = true)]
 async fn every_key_has_its_own_bucket() {

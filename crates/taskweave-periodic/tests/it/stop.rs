@@ -3,26 +3,11 @@
 use std::time::Duration;
 
 use taskweave_periodic::{FirstRun, Periodic};
+use taskweave_testkit::{alive_tasks, assert_no_leaked_tasks};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 const MS: Duration = Duration::from_millis(1);
-
-fn alive_tasks() -> usize {
-    tokio::runtime::Handle::current()
-        .metrics()
-        .num_alive_tasks()
-}
-
-async fn assert_no_leaked_tasks(baseline: usize) {
-    for _ in 0..16 {
-        if alive_tasks() == baseline {
-            return;
-        }
-        tokio::task::yield_now().await;
-    }
-    assert_eq!(alive_tasks(), baseline, "tasks leaked");
-}
 
 #[tokio::test(start_paused = true)]
 async fn cancelling_the_token_stops_a_waiting_runner_at_once() {

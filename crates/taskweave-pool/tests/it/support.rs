@@ -2,26 +2,8 @@
 
 use std::sync::Arc;
 
+pub(crate) use taskweave_testkit::{alive_tasks, assert_no_leaked_tasks};
 use tokio::sync::Semaphore;
-
-/// The number of tasks alive on the current runtime.
-pub(crate) fn alive_tasks() -> usize {
-    tokio::runtime::Handle::current()
-        .metrics()
-        .num_alive_tasks()
-}
-
-/// Asserts that the runtime is back to `baseline` alive tasks, after letting finished tasks be
-/// released.
-pub(crate) async fn assert_no_leaked_tasks(baseline: usize) {
-    for _ in 0..32 {
-        if alive_tasks() == baseline {
-            return;
-        }
-        tokio::task::yield_now().await;
-    }
-    assert_eq!(alive_tasks(), baseline, "tasks leaked");
-}
 
 /// A gate that handlers wait on; `open(n)` lets `n` of them through.
 #[derive(Clone)]

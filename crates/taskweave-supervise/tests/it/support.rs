@@ -3,26 +3,8 @@
 use std::io;
 use std::sync::{Arc, Mutex, OnceLock};
 
+pub(crate) use taskweave_testkit::{alive_tasks, assert_no_leaked_tasks};
 use tracing_subscriber::fmt::MakeWriter;
-
-/// The number of tasks alive on the current runtime.
-pub(crate) fn alive_tasks() -> usize {
-    tokio::runtime::Handle::current()
-        .metrics()
-        .num_alive_tasks()
-}
-
-/// Asserts that the runtime is back to `baseline` alive tasks, after letting finished tasks
-/// be released (a task is counted until the runtime has processed its completion).
-pub(crate) async fn assert_no_leaked_tasks(baseline: usize) {
-    for _ in 0..16 {
-        if alive_tasks() == baseline {
-            return;
-        }
-        tokio::task::yield_now().await;
-    }
-    assert_eq!(alive_tasks(), baseline, "tasks leaked");
-}
 
 /// The log sink of this test binary: every `tracing` event of every test, from every thread.
 ///

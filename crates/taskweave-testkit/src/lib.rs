@@ -1,0 +1,42 @@
+//! Test helpers shared by the taskweave crates' integration tests: a dev-dependency only.
+//!
+//! # Example
+//!
+//! ```
+//! use taskweave_testkit::{alive_tasks, assert_no_leaked_tasks};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() {
+//! let baseline = alive_tasks();
+//! tokio::spawn(async {}).await.unwrap();
+//! assert_no_leaked_tasks(baseline).await;
+//! # }
+//! ```
+
+/// The number of tasks alive on the current runtime.
+///
+/// # Panics
+///
+/// Panics outside a tokio runtime.
+#[must_use]
+pub fn alive_tasks() -> usize {
+    tokio::runtime::Handle::current()
+        .metrics()
+        .num_alive_tasks()
+}
+
+/// Asserts that the runtime is back to `baseline` alive tasks, after letting tasks that have
+/// finished be released (a task counts as alive until the runtime has processed its end).
+///
+/// # Panics
+///
+/// Panics, failing the test, when tasks are still alive after 32 scheduling rounds.
+pub async fn assert_no_leaked_tasks(baseline: usize) {
+    for _ in 0..32 {
+        if alive_tasks() == baseline {
+            return;
+        }
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(alive_tasks(), baseline, "tasks leaked");
+}
