@@ -13,6 +13,7 @@ use taskweave::group::{CollectGroup, TaskGroup, map_parallel};
 use taskweave::limit::{KeyedRateLimiter, RateLimiter};
 use taskweave::ordone::OrDoneExt;
 use taskweave::periodic::{FirstRun, Periodic};
+use taskweave::pipeline::{Pipeline, PipelineExt, StageEnd};
 use taskweave::pool::{JobContext, TrySubmitError, WorkerPool, run};
 use taskweave::semaphore::Semaphore;
 use taskweave::supervise::{RestartPolicy, Supervisor, spawn};
@@ -29,6 +30,7 @@ async fn main() {
     group(&root).await;
     limits(&root).await;
     streams(&root).await;
+    pipeline(&root).await;
     println!("\ntour finished");
 }
 
@@ -352,4 +354,46 @@ async fn streams(root: &CancellationToken) {
     print!("fan_out over 3 copies, completion order {squares:?}");
     squares.sort_unstable();
     println!(", sorted {squares:?}");
+}
+
+async fn pipeline(root: &CancellationToken) {
+    println!("\n== pipeline: stages on their own tasks, stopped by one token ==");
+    let token = root.child_token();
+    let p = Pipeline::new(token.clone());
+    let mut odd_squares = p
+        .iter(1..=5_u64)
+        .spawn_map(&p.named("square"), |n| async move { n * n })
+        .spawn_filter(&p.named("odd"), |n| n % 2 == 1);
+    let mut seen = Vec::new();
+    while let Some(v) = odd_squares.next().await {
+        seen.push(v);
+        if v > 8 {
+            token.cancel();
+            break;
+        }
+    }
+    println!("odd squares of 1..=5, cancelled after a value > 8: {seen:?}");
+
+    let p = Pipeline::new(root.clone());
+    let results: Vec<Result<u32, String>> = p
+        .iter(["10", "x", "30"])
+        .spawn_map(&p.named("parse"), |s: &str| async move {
+            s.parse::<u32>().map_err(|_| format!("not a number: {s:?}"))
+        })
+        .spawn_try_map(&p.named("halve"), |n| async move { Ok(n / 2) })
+        .collect()
+        .await;
+    println!("try_map passes the error through in its place: {results:?}");
+
+    let mut out = p
+        .iter(1..=3_u32)
+        .spawn_map(&p.named("divide"), |n| async move { 10 / (2 - n) });
+    let got: Vec<u32> = (&mut out).collect().await;
+    if let Some(StageEnd::Panicked(panic)) = out.end() {
+        println!(
+            "a panicking stage ends the output early ({got:?}) and says so: {:?} panicked: {}",
+            panic.name(),
+            panic.message()
+        );
+    }
 }

@@ -15,6 +15,7 @@
 //! | [`limit`] | `taskweave-limit` | token bucket, tick and keyed rate limiters |
 //! | [`ordone`] | `taskweave-ordone` | a stream that ends when a token is cancelled |
 //! | [`fan`] | `taskweave-fan` | fair merge (fan-in) and fan-out |
+//! | [`pipeline`] | `taskweave-pipeline` | sources and stages, each on its own task |
 //!
 //! # Example
 //!
@@ -59,3 +60,7 @@ pub use taskweave_ordone as ordone;
 #[cfg(feature = "fan")]
 #[doc(inline)]
 pub use taskweave_fan as fan;
+
+#[cfg(feature = "pipeline")]
+#[doc(inline)]
+pub use taskweave_pipeline as pipeline;

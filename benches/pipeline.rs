@@ -1,0 +1,182 @@
+//! Pipeline: 100k `u64` through map → filter → map, each stage on its own task with an
+//! output of 32 items. taskweave's stages against the same stages written by hand with
+//! async-channel and with tokio's mpsc, and a single-task futures chain (the lower bound:
+//! no task, no channel, no concurrency between the stages).
+//!
+//! `cargo bench -p taskweave-benches --bench pipeline`; ratios in `docs/benchmarks.md`.
+
+#[path = "common.rs"]
+mod common;
+
+use std::hint::black_box;
+use std::time::Duration;
+
+use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+use futures::StreamExt;
+use taskweave::pipeline::{Pipeline, PipelineExt};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+const ITEMS: u64 = 100_000;
+const CAPACITY: usize = 32;
+
+fn inc(n: u64) -> u64 {
+    n + 1
+}
+fn keep(n: &u64) -> bool {
+    !n.is_multiple_of(3)
+}
+fn double(n: u64) -> u64 {
+    n * 2
+}
+
+async fn taskweave_stages() -> u64 {
+    let p = Pipeline::new(CancellationToken::new()).with_capacity(CAPACITY);
+    p.iter(0..ITEMS)
+        .spawn_map(&p, |n| async move { inc(n) })
+        .spawn_filter(&p, keep)
+        .spawn_map(&p, |n| async move { double(n) })
+        .fold(0, |sum, n| async move { sum ^ n })
+        .await
+}
+
+/// Four spawned tasks joined by bounded async-channels, written the way one would by hand
+/// (Go's shape: each stage owns its output and stops when its input closes).
+async fn async_channel_stages() -> u64 {
+    let (tx0, rx0) = async_channel::bounded(CAPACITY);
+    let (tx1, rx1) = async_channel::bounded(CAPACITY);
+    let (tx2, rx2) = async_channel::bounded(CAPACITY);
+    let (tx3, rx3) = async_channel::bounded(CAPACITY);
+    tokio::spawn(async move {
+        for n in 0..ITEMS {
+            if tx0.send(n).await.is_err() {
+                return;
+            }
+        }
+    });
+    tokio::spawn(async move {
+        while let Ok(n) = rx0.recv().await {
+            if tx1.send(inc(n)).await.is_err() {
+                return;
+            }
+        }
+    });
+    tokio::spawn(async move {
+        while let Ok(n) = rx1.recv().await {
+            if keep(&n) && tx2.send(n).await.is_err() {
+                return;
+            }
+        }
+    });
+    tokio::spawn(async move {
+        while let Ok(n) = rx2.recv().await {
+            if tx3.send(double(n)).await.is_err() {
+                return;
+            }
+        }
+    });
+    let mut sum = 0;
+    while let Ok(n) = rx3.recv().await {
+        sum ^= n;
+    }
+    sum
+}
+
+/// The same four tasks joined by tokio's mpsc channels.
+async fn mpsc_stages() -> u64 {
+    let (tx0, mut rx0) = mpsc::channel(CAPACITY);
+    let (tx1, mut rx1) = mpsc::channel(CAPACITY);
+    let (tx2, mut rx2) = mpsc::channel(CAPACITY);
+    let (tx3, mut rx3) = mpsc::channel(CAPACITY);
+    tokio::spawn(async move {
+        for n in 0..ITEMS {
+            if tx0.send(n).await.is_err() {
+                return;
+            }
+        }
+    });
+    tokio::spawn(async move {
+        while let Some(n) = rx0.recv().await {
+            if tx1.send(inc(n)).await.is_err() {
+                return;
+            }
+        }
+    });
+    tokio::spawn(async move {
+        while let Some(n) = rx1.recv().await {
+            if keep(&n) && tx2.send(n).await.is_err() {
+                return;
+            }
+        }
+    });
+    tokio::spawn(async move {
+        while let Some(n) = rx2.recv().await {
+            if tx3.send(double(n)).await.is_err() {
+                return;
+            }
+        }
+    });
+    let mut sum = 0;
+    while let Some(n) = rx3.recv().await {
+        sum ^= n;
+    }
+    sum
+}
+
+/// One task, no channel: the stages are a futures stream chain.
+async fn single_task_chain() -> u64 {
+    futures::stream::iter(0..ITEMS)
+        .then(|n| async move { inc(n) })
+        .filter(|n| futures::future::ready(keep(n)))
+        .then(|n| async move { double(n) })
+        .fold(0, |sum, n| async move { sum ^ n })
+        .await
+}
+
+fn pipeline(c: &mut Criterion) {
+    let expected = {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        runtime.block_on(single_task_chain())
+    };
+    for (flavor, runtime) in common::runtimes() {
+        let mut group = c.benchmark_group(format!("pipeline_map_filter_map_100k/{flavor}"));
+        group.throughput(Throughput::Elements(ITEMS));
+        group.sample_size(30);
+        group.measurement_time(Duration::from_secs(4));
+        for (name, run) in [
+            ("taskweave_stages", 0),
+            ("async_channel_tasks", 1),
+            ("mpsc_tasks", 2),
+            ("single_task_chain", 3),
+        ] {
+            // Every implementation computes the same thing.
+            let got = runtime.block_on(async {
+                match run {
+                    0 => taskweave_stages().await,
+                    1 => async_channel_stages().await,
+                    2 => mpsc_stages().await,
+                    _ => single_task_chain().await,
+                }
+            });
+            assert_eq!(got, expected, "{name}");
+            group.bench_function(BenchmarkId::new(name, ITEMS), |b| {
+                b.iter(|| {
+                    runtime.block_on(async {
+                        black_box(match run {
+                            0 => taskweave_stages().await,
+                            1 => async_channel_stages().await,
+                            2 => mpsc_stages().await,
+                            _ => single_task_chain().await,
+                        })
+                    })
+                });
+            });
+        }
+        group.finish();
+    }
+}
+
+criterion_group!(benches, pipeline);
+criterion_main!(benches);

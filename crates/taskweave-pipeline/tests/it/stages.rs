@@ -1,0 +1,192 @@
+//! Sources and stages: what each yields, in which order, and how far ahead they run.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use futures::{Stream, StreamExt};
+use proptest::prelude::*;
+use taskweave_pipeline::{Pipeline, PipelineExt, StageEnd};
+use tokio_util::sync::CancellationToken;
+
+use crate::{alive_tasks, assert_no_leaked_tasks};
+
+fn pipeline() -> Pipeline {
+    Pipeline::new(CancellationToken::new())
+}
+
+#[tokio::test]
+async fn sources_send_their_items_in_order() {
+    let p = pipeline();
+    assert_eq!(p.iter(0..4).collect::<Vec<_>>().await, [0, 1, 2, 3]);
+    assert_eq!(
+        p.stream(futures::stream::iter("ab".chars()))
+            .collect::<String>()
+            .await,
+        "ab"
+    );
+    let countdown = p.unfold(3_u8, |n| async move { (n > 0).then_some((n, n - 1)) });
+    assert_eq!(countdown.collect::<Vec<_>>().await, [3, 2, 1]);
+}
+
+#[tokio::test]
+async fn repeat_cycles_until_first_has_enough_and_then_stops() {
+    let baseline = alive_tasks();
+    let p = pipeline();
+    let seven: Vec<char> = p.repeat(['a', 'b', 'c']).first(7).collect().await;
+    assert_eq!(seven, ['a', 'b', 'c', 'a', 'b', 'c', 'a']);
+    // The endless source stopped: `first` dropped it after the seventh item.
+    assert_no_leaked_tasks(baseline).await;
+}
+
+#[tokio::test]
+async fn repeat_of_nothing_ends_at_once() {
+    let p = pipeline();
+    let mut empty = p.repeat(Vec::<u8>::new());
+    assert_eq!(empty.next().await, None);
+    assert!(matches!(empty.end(), Some(StageEnd::InputEnded)));
+}
+
+#[tokio::test]
+async fn first_zero_drops_its_input_without_reading_it() {
+    let baseline = alive_tasks();
+    let p = pipeline();
+    let read = Arc::new(AtomicUsize::new(0));
+    let r = Arc::clone(&read);
+    let source = p.repeat([1_u8]).spawn_map(&p, move |n| {
+        r.fetch_add(1, Ordering::SeqCst);
+        async move { n }
+    });
+    let mut none = source.first(0);
+    assert!(none.get_ref().is_none());
+    assert_eq!(none.next().await, None);
+    assert_no_leaked_tasks(baseline).await;
+    // The map stage may have run before it was stopped, but no further than its capacity.
+    assert!(read.load(Ordering::SeqCst) <= 2 * taskweave_pipeline::DEFAULT_CAPACITY + 2);
+}
+
+#[tokio::test]
+async fn first_stops_at_the_input_end_when_it_comes_first() {
+    let p = pipeline();
+    let mut two = p.iter([1, 2]).first(5);
+    assert_eq!(two.size_hint().1, Some(5));
+    assert_eq!((&mut two).collect::<Vec<_>>().await, [1, 2]);
+    let input = two.get_ref().expect("kept: it ended before n items");
+    assert!(matches!(input.end(), Some(StageEnd::InputEnded)));
+    assert_eq!(two.remaining(), 3);
+}
+
+#[tokio::test]
+async fn filter_map_drops_the_nones() {
+    let p = pipeline();
+    let parsed = p
+        .iter(["1", "two", "3", ""])
+        .spawn_filter_map(&p, |s| async move { s.parse::<i32>().ok() });
+    assert_eq!(parsed.collect::<Vec<_>>().await, [1, 3]);
+}
+
+#[tokio::test]
+async fn try_map_applies_to_ok_and_passes_errors_through_in_place() {
+    let p = pipeline();
+    let calls = Arc::new(AtomicUsize::new(0));
+    let c = Arc::clone(&calls);
+    let out: Vec<Result<i32, String>> = p
+        .iter([Ok(1), Err("bad record 2".to_string()), Ok(3), Ok(-4)])
+        .spawn_try_map(&p, move |n: i32| {
+            c.fetch_add(1, Ordering::SeqCst);
+            async move {
+                if n < 0 {
+                    Err(format!("negative: {n}"))
+                } else {
+                    Ok(n * 10)
+                }
+            }
+        })
+        .collect()
+        .await;
+    assert_eq!(
+        out,
+        [
+            Ok(10),
+            Err("bad record 2".to_string()),
+            Ok(30),
+            Err("negative: -4".to_string())
+        ]
+    );
+    assert_eq!(calls.load(Ordering::SeqCst), 3, "never called for an Err");
+}
+
+#[tokio::test]
+async fn stages_accept_any_stream_and_compose_with_stream_ext() {
+    let p = pipeline();
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    tokio::spawn(async move {
+        for n in 0..5 {
+            tx.send(n).await.unwrap();
+        }
+    });
+    let input =
+        futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|n| (n, rx)) });
+    let out: Vec<i32> = input
+        .spawn_map(&p, |n| async move { n + 1 })
+        .map(|n| n * 2) // futures' StreamExt::map, in between
+        .spawn_filter(&p, |n| *n > 4)
+        .collect()
+        .await;
+    assert_eq!(out, [6, 8, 10]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_stage_runs_at_most_its_capacity_ahead_of_a_consumer_that_does_not_read() {
+    let p = pipeline().with_capacity(2);
+    let produced = Arc::new(AtomicUsize::new(0));
+    let counter = Arc::clone(&produced);
+    let mut out = p
+        .iter((0..1_000).inspect(move |_| {
+            counter.fetch_add(1, Ordering::SeqCst);
+        }))
+        .spawn_map(&p, |n| async move { n });
+    for _ in 0..100 {
+        tokio::task::yield_now().await;
+    }
+    // Two in each output channel, one held by each task waiting to send.
+    let ahead = produced.load(Ordering::SeqCst);
+    assert!((2..=6).contains(&ahead), "produced {ahead}");
+    assert_eq!(out.len(), 2);
+    assert_eq!(out.next().await, Some(0));
+    for _ in 0..100 {
+        tokio::task::yield_now().await;
+    }
+    assert!(produced.load(Ordering::SeqCst) <= 7);
+}
+
+#[test]
+#[should_panic(expected = "Pipeline::with_capacity: capacity must be greater than zero")]
+fn zero_capacity_panics() {
+    let _ = pipeline().with_capacity(0);
+}
+
+proptest! {
+    #[test]
+    fn map_filter_map_equals_the_iterator_chain(
+        items in proptest::collection::vec(any::<i32>(), 0..200),
+        capacity in 1_usize..8,
+    ) {
+        let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        let expected: Vec<i64> = items
+            .iter()
+            .map(|&n| i64::from(n) * 3)
+            .filter(|n| n % 2 == 0)
+            .map(|n| n - 1)
+            .collect();
+        let got: Vec<i64> = runtime.block_on(async move {
+            let p = pipeline().with_capacity(capacity);
+            p.iter(items)
+                .spawn_map(&p, |n| async move { i64::from(n) * 3 })
+                .spawn_filter(&p, |n| n % 2 == 0)
+                .spawn_map(&p, |n| async move { n - 1 })
+                .collect()
+                .await
+        });
+        prop_assert_eq!(got, expected);
+    }
+}
