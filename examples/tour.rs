@@ -15,8 +15,10 @@ use taskweave::ordone::OrDoneExt;
 use taskweave::periodic::{FirstRun, Periodic};
 use taskweave::pipeline::{Pipeline, PipelineExt, StageEnd};
 use taskweave::pool::{JobContext, TrySubmitError, WorkerPool, run};
+use taskweave::reorder::map_ordered;
 use taskweave::semaphore::Semaphore;
 use taskweave::supervise::{RestartPolicy, Supervisor, spawn};
+use taskweave::tee::{Policy, tee_with};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -31,6 +33,7 @@ async fn main() {
     limits(&root).await;
     streams(&root).await;
     pipeline(&root).await;
+    tee_and_reorder(&root).await;
     println!("\ntour finished");
 }
 
@@ -396,4 +399,40 @@ async fn pipeline(root: &CancellationToken) {
             panic.message()
         );
     }
+}
+
+async fn tee_and_reorder(root: &CancellationToken) {
+    println!("\n== tee and reorder: one stream to several consumers, results back in order ==");
+    let mut outputs = tee_with(
+        root.clone(),
+        futures::stream::iter(1..=10_u32),
+        [Policy::lockstep(2), Policy::drop_oldest(3)],
+    );
+    let live = outputs.pop().unwrap();
+    let archive = outputs.pop().unwrap();
+    let archived: Vec<u32> = archive.collect().await;
+    println!("the lockstep output got everything: {archived:?}");
+    let lagged = live.lagged();
+    let newest: Vec<u32> = live.collect().await;
+    println!(
+        "the drop-oldest output, read late, kept the newest {newest:?} and counted {lagged} dropped"
+    );
+
+    let out: Vec<String> = map_ordered(
+        root.clone(),
+        futures::stream::iter(1..=6_u64),
+        3,
+        |n| async move {
+            tokio::time::sleep(Duration::from_millis(60 - 10 * n)).await; // later ones finish first
+            assert!(n != 4, "item {n} failed");
+            n * n
+        },
+    )
+    .map(|result| match result {
+        Ok(square) => square.to_string(),
+        Err(panic) => format!("<{}>", panic.message()),
+    })
+    .collect()
+    .await;
+    println!("map_ordered, 3 at a time, later items finishing first: {out:?}");
 }

@@ -20,12 +20,14 @@ use crate::{First, Pipeline, Stage};
 ///   `taskweave-fan`'s `fan_out` or `taskweave-reorder`'s ordered map).
 /// - **Concurrency**: stages run at the same time as each other: while the third stage
 ///   handles item 1, the first can be producing item 5.
-/// - **Panics**: a panic in the function ends the stage; it is logged with the stage's
-///   name (see [`Pipeline::named`]) and every stage downstream ends with
-///   [`StageEnd::Panicked`](crate::StageEnd::Panicked) carrying it, so the consumer sees
-///   the output end early and [`Stage::end`] says why.
+/// - **Panics**: a panic in the function ends the stage with
+///   [`StageEnd::Panicked`](crate::StageEnd::Panicked); it is logged with the stage's name
+///   (see [`Pipeline::named`]). Every stage downstream that reads it (directly or through
+///   adapters) ends with [`StageEnd::UpstreamPanicked`](crate::StageEnd::UpstreamPanicked)
+///   carrying it, so the consumer sees the output end early and [`Stage::end`] says why.
 /// - **Cancellation**: when the pipeline's token is cancelled each stage drops what it
-///   holds (an item, or the function's future) and closes its output.
+///   holds (an item, or the function's future) and closes its output; items already in an
+///   output are still yielded, then it ends.
 ///
 /// The method names do not clash with `futures::StreamExt` or `tokio_stream::StreamExt`,
 /// so all three can be imported together.
@@ -171,9 +173,11 @@ pub trait PipelineExt: Stream + Sized {
     }
 
     /// Go's `take(n)`: the first `n` items, then the end; the input is dropped as soon as
-    /// the `n`th item is out (or at once when `n` is zero), which stops a stage feeding it.
+    /// the `n`th item is out (or at once when `n` is zero). When the input is a [`Stage`]
+    /// (or owns one), dropping it stops that stage and the stages upstream of it.
     ///
-    /// An adapter, not a stage: it needs no task of its own, and so no token.
+    /// An adapter, not a stage: it needs no task of its own, and so no token. Order and
+    /// backpressure are the input's; it is as cancel safe as its input (a `Stage` is).
     ///
     /// # Examples
     ///

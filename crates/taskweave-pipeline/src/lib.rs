@@ -10,9 +10,10 @@
 //!   `FusedStream`.
 //! - Every stage closes its output on every exit path: its input ends, the token is
 //!   cancelled, its consumer drops the output, or its function panics. A panic is logged
-//!   with the stage's name and reported downstream ([`StageEnd::Panicked`]), never silent.
+//!   with the stage's name and reported downstream ([`StageEnd::Panicked`], then
+//!   [`StageEnd::UpstreamPanicked`] for every stage after it), never silent.
 //! - [`PipelineExt::first`] is Go's `take(n)`: it drops its input after n items, which
-//!   stops the stages upstream.
+//!   stops the stages upstream when the input is a [`Stage`].
 //! - Capacities are never zero ([`Pipeline::with_capacity`] panics on zero, where a
 //!   zero-sized buffer would hang).
 //!

@@ -2,6 +2,7 @@
 //! sources.
 
 use std::future::{Future, ready};
+use std::sync::Arc;
 
 use futures::Stream;
 use taskweave_supervise::TaskName;
@@ -162,13 +163,15 @@ impl Pipeline {
     pub fn repeat<I>(&self, values: I) -> Stage<I::Item>
     where
         I: IntoIterator,
-        I::Item: Clone + Send + 'static,
+        I::Item: Clone + Send + Sync + 'static,
     {
-        let values: Vec<I::Item> = values.into_iter().collect();
+        let values: Arc<[I::Item]> = values.into_iter().collect();
+        // Cycling a range of indices clones nothing but the item sent.
+        let cycle = (0..values.len()).cycle().map(move |i| values[i].clone());
         spawn_stage(
             self,
             "pipeline-repeat",
-            futures::stream::iter(values.into_iter().cycle()),
+            futures::stream::iter(cycle),
             |item| ready(Some(item)),
         )
     }

@@ -1,6 +1,6 @@
 //! `Stage`: the output of a source or stage, the task behind it, and why it ended.
 
-use std::cell::OnceCell;
+use std::cell::{Cell, RefCell};
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
@@ -23,19 +23,25 @@ use crate::Pipeline;
 pub enum StageEnd {
     /// The input ended (for a source: it ran out of items) and every item was sent on.
     InputEnded,
-    /// The token was cancelled; the items in flight inside the stage were dropped.
+    /// The token was cancelled, or the stage's output was dropped; the item or call in
+    /// flight inside the stage was dropped. Items already in the output channel are still
+    /// yielded before the stream ends.
     Cancelled,
-    /// The stage's function panicked, or a stage upstream of it did and the input ended
-    /// early because of it; [`PanicError::name`] names the stage that panicked.
+    /// The stage's own function (or its source) panicked.
     Panicked(PanicError),
+    /// The input ended early because a stage upstream panicked: a [`Stage`] read by this
+    /// stage (directly or through adapters such as `StreamExt::map` or `chain`) ended with
+    /// [`Panicked`](Self::Panicked) or `UpstreamPanicked`. [`PanicError::name`] names the
+    /// stage that panicked.
+    UpstreamPanicked(PanicError),
 }
 
 impl StageEnd {
-    /// The panic that ended the stage, if one did.
+    /// The panic that ended the stage, its own or one upstream.
     #[must_use]
     pub fn panic(&self) -> Option<&PanicError> {
         match self {
-            StageEnd::Panicked(panic) => Some(panic),
+            StageEnd::Panicked(panic) | StageEnd::UpstreamPanicked(panic) => Some(panic),
             StageEnd::InputEnded | StageEnd::Cancelled => None,
         }
     }
@@ -49,10 +55,19 @@ struct Shared {
     end: OnceLock<StageEnd>,
 }
 
-tokio::task_local! {
-    // Set in every stage's task: a `Stage` polled (directly or through adapters) by that
-    // task writes here the panic that ended it, so that the reading stage reports it too.
-    static UPSTREAM_PANIC: OnceCell<PanicError>;
+// How a stage learns that its input ended because of a panic upstream. While a stage polls
+// its input, `LISTEN` is `LISTENING`; a `Stage` that ends inside that poll (the input itself,
+// or one inside an adapter such as `map` or `chain`) because of a panic sets it to `HEARD`
+// and leaves the panic in `HEARD_PANIC`. Scoped to the input's poll, so a `Stage` read
+// elsewhere in the stage's task (inside its function) is not mistaken for its input. The hot
+// path is two accesses to a `Cell<u8>`.
+const NOT_LISTENING: u8 = 0;
+const LISTENING: u8 = 1;
+const HEARD: u8 = 2;
+
+thread_local! {
+    static LISTEN: Cell<u8> = const { Cell::new(NOT_LISTENING) };
+    static HEARD_PANIC: RefCell<Option<PanicError>> = const { RefCell::new(None) };
 }
 
 /// A source's or stage's output: a bounded channel owned by the stage's task.
@@ -61,13 +76,19 @@ tokio::task_local! {
 ///   filter_map and try_map: the input's order).
 /// - **Backpressure**: the channel holds [`Pipeline::capacity`] items; when it is full the
 ///   stage waits, and so stops reading its own input.
-/// - **End**: the stream ends after the stage's task has finished and every buffered item
-///   was taken: when the input ended, the token was cancelled, or a stage panicked.
-///   [`end`](Self::end) says which.
-/// - **Drop**: dropping a `Stage` cancels its task (and so, through the input it owned,
-///   every stage upstream of it that nobody else reads).
+/// - **End**: the stream ends once the stage's task has recorded why it stopped (see
+///   [`end`](Self::end)) and closed the channel, and every item already in the channel was
+///   taken: after the input ended, the token was cancelled, or a stage panicked. After a
+///   cancel, the items already in the channel are still yielded.
+/// - **Drop**: dropping a `Stage` cancels its task, which drops its input (and so, when that
+///   input is or contains a `Stage`, stops the stages upstream too).
 ///
 /// `Stage` is `Unpin`, and `Send` and `Sync` when `T: Send`.
+///
+/// # Cancel safety
+///
+/// Reading with `StreamExt::next` is cancel safe: dropping the `next()` future (in a
+/// `select!` branch that lost) loses no item.
 ///
 /// # Examples
 ///
@@ -93,6 +114,7 @@ pub struct Stage<T> {
     // Boxed so that `Stage` is `Unpin` (async-channel's receiver is not).
     output: Pin<Box<async_channel::Receiver<T>>>,
     shared: Arc<Shared>,
+    done: bool,
     // Dropping the `Stage` cancels its task.
     _stop_on_drop: DropGuard,
 }
@@ -104,8 +126,8 @@ impl<T> Stage<T> {
         &self.shared.name
     }
 
-    /// Why the stage's task finished; `None` while it runs (or if it was aborted by a
-    /// runtime shutting down). Items it sent before finishing may still be buffered.
+    /// Why the stage's task stopped; `None` while it runs (or if it was aborted by a
+    /// runtime shutting down). Items it sent before stopping may still be buffered.
     #[must_use]
     pub fn end(&self) -> Option<&StageEnd> {
         self.shared.end.get()
@@ -128,22 +150,29 @@ impl<T> Stream for Stage<T> {
     type Item = T;
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<T>> {
+        if self.done {
+            return Poll::Ready(None);
+        }
         let polled = self.output.as_mut().poll_next(cx);
-        if let Poll::Ready(None) = polled
-            && let Some(StageEnd::Panicked(panic)) = self.shared.end.get()
-        {
-            // Read by a stage's task: that stage reports the panic as its own end too.
-            // Outside a stage (`try_with` fails) the reader asks `end()` itself.
-            let _ = UPSTREAM_PANIC.try_with(|upstream| {
-                let _ = upstream.set(panic.clone());
-            });
+        if let Poll::Ready(None) = polled {
+            self.done = true;
+            if let Some(panic) = self.shared.end.get().and_then(StageEnd::panic) {
+                // Read by a stage polling its input: that stage reports the panic as the
+                // reason its input ended. Elsewhere the reader asks `end()` itself.
+                if LISTEN.get() != NOT_LISTENING {
+                    LISTEN.set(HEARD);
+                    HEARD_PANIC.set(Some(panic.clone()));
+                }
+            }
         }
         polled
     }
 
     fn size_hint(&self) -> (usize, Option<usize>) {
-        if self.output.is_terminated() {
+        if self.done {
             (0, Some(0))
+        } else if self.output.is_closed() {
+            (self.output.len(), Some(self.output.len()))
         } else {
             (self.output.len(), None)
         }
@@ -152,7 +181,7 @@ impl<T> Stream for Stage<T> {
 
 impl<T> FusedStream for Stage<T> {
     fn is_terminated(&self) -> bool {
-        self.output.is_terminated()
+        self.done
     }
 }
 
@@ -168,7 +197,7 @@ impl<T> fmt::Debug for Stage<T> {
 
 /// How the loop of a stage stopped.
 enum Stop {
-    InputEnded,
+    InputEnded(Option<PanicError>),
     Cancelled,
     ConsumerGone,
 }
@@ -203,28 +232,25 @@ where
     let watch = TokenWatch::new(&token);
     let task = async move {
         let looped = catch_panic(name.clone(), run_loop(input, step, &tx, &watch)).await;
-        let upstream = UPSTREAM_PANIC.with(|upstream| upstream.get().cloned());
-        let end = match (looped, upstream) {
-            (Err(panic), _) => StageEnd::Panicked(panic),
-            (Ok(Stop::InputEnded), Some(panic)) => {
+        let end = match looped {
+            Err(panic) => StageEnd::Panicked(panic),
+            Ok(Stop::InputEnded(Some(panic))) => {
                 tracing::debug!(stage = %name, upstream = %panic.name(), "stage ended: a stage upstream panicked");
-                StageEnd::Panicked(panic)
+                StageEnd::UpstreamPanicked(panic)
             }
-            (Ok(Stop::InputEnded), None) => StageEnd::InputEnded,
-            (Ok(Stop::Cancelled | Stop::ConsumerGone), _) => StageEnd::Cancelled,
+            Ok(Stop::InputEnded(None)) => StageEnd::InputEnded,
+            Ok(Stop::Cancelled | Stop::ConsumerGone) => StageEnd::Cancelled,
         };
         tracing::debug!(stage = %name, ?end, "stage finished");
         let _ = task_shared.end.set(end);
         // Closes the output after `end` is set.
         drop(tx);
     };
-    drop(taskweave_supervise::spawn(
-        shared.name.clone(),
-        UPSTREAM_PANIC.scope(OnceCell::new(), task),
-    ));
+    drop(taskweave_supervise::spawn(shared.name.clone(), task));
     Stage {
         output: Box::pin(rx),
         shared,
+        done: false,
         _stop_on_drop: token.drop_guard(),
     }
 }
@@ -240,34 +266,29 @@ where
     F: FnMut(S::Item) -> Fut,
     Fut: Future<Output = Option<O>>,
 {
-    let mut input = std::pin::pin!(input);
+    let mut input = std::pin::pin!(WatchedInput {
+        input,
+        caught: None
+    });
     loop {
-        let item = match (OrCancelled {
-            watch,
-            future: futures::StreamExt::next(&mut input),
-        })
-        .await
+        let item = match watch
+            .run_until_cancelled(futures::StreamExt::next(&mut input))
+            .await
         {
             None => return Stop::Cancelled,
-            Some(None) => return Stop::InputEnded,
+            Some(None) => return Stop::InputEnded(input.as_mut().project().caught.take()),
             Some(Some(item)) => item,
         };
-        let output = match (OrCancelled {
-            watch,
-            future: step(item),
-        })
-        .await
-        {
+        // One unit of tokio's cooperative budget per item (async-channel takes none): a
+        // stage whose input is always ready and whose output always has room (a filter that
+        // keeps few items, a consumer on another thread) still lets other tasks run.
+        tokio::task::coop::consume_budget().await;
+        let output = match watch.run_until_cancelled(step(item)).await {
             None => return Stop::Cancelled,
             Some(None) => continue,
             Some(Some(output)) => output,
         };
-        match (OrCancelled {
-            watch,
-            future: tx.send(output),
-        })
-        .await
-        {
+        match watch.run_until_cancelled(tx.send(output)).await {
             None => return Stop::Cancelled,
             Some(Err(_)) => return Stop::ConsumerGone,
             Some(Ok(())) => {}
@@ -276,34 +297,37 @@ where
 }
 
 pin_project! {
-    // `future`, or `None` as soon as the watched token is cancelled. Checking the token
-    // costs one atomic load per poll (a `select!` on `token.cancelled()` takes its lock).
-    struct OrCancelled<'a, F> {
-        watch: &'a TokenWatch,
+    // A stage's input, polled with `LISTEN` set: a `Stage` inside it that ended because of
+    // a panic leaves the panic in `caught`.
+    struct WatchedInput<S> {
         #[pin]
-        future: F,
+        input: S,
+        caught: Option<PanicError>,
     }
 }
 
-impl<F: Future> Future for OrCancelled<'_, F> {
-    type Output = Option<F::Output>;
+// Puts back the listening state of the poll around this one, also when the input panics.
+struct Restore(u8);
 
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+impl Drop for Restore {
+    fn drop(&mut self) {
+        LISTEN.set(self.0);
+    }
+}
+
+impl<S: Stream> Stream for WatchedInput<S> {
+    type Item = S::Item;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<S::Item>> {
         let this = self.project();
-        if this.watch.is_cancelled() {
-            return Poll::Ready(None);
+        let restore = Restore(LISTEN.replace(LISTENING));
+        let polled = this.input.poll_next(cx);
+        if LISTEN.get() == HEARD
+            && let Some(panic) = HEARD_PANIC.take()
+        {
+            this.caught.get_or_insert(panic);
         }
-        match this.future.poll(cx) {
-            Poll::Ready(output) => Poll::Ready(Some(output)),
-            Poll::Pending => {
-                this.watch.register(cx.waker());
-                // A cancellation between the check and the registration woke nobody.
-                if this.watch.is_cancelled() {
-                    Poll::Ready(None)
-                } else {
-                    Poll::Pending
-                }
-            }
-        }
+        drop(restore);
+        polled
     }
 }

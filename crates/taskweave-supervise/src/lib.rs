@@ -68,4 +68,4 @@ pub use report::{DrainReport, Escalation, SupervisorMetrics};
 pub use restart::{Failure, RestartError, RestartPolicy};
 pub use spawn::{TaskHandle, spawn};
 pub use supervisor::Supervisor;
-pub use watch::TokenWatch;
+pub use watch::{RunUntilCancelled, TokenWatch};

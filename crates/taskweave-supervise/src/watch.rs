@@ -5,9 +5,10 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::task::{Context, Wake, Waker};
+use std::task::{Context, Poll, Wake, Waker};
 
 use futures::task::AtomicWaker;
+use pin_project_lite::pin_project;
 use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 
 /// Watches a [`CancellationToken`] so that hot paths can check it with one atomic load.
@@ -99,10 +100,82 @@ impl TokenWatch {
         self.signal.waiter.register(waker);
     }
 
+    /// Runs `future` until it completes (`Some(output)`) or the token is cancelled (`None`),
+    /// like `CancellationToken::run_until_cancelled` but checking the token with one atomic
+    /// load per poll instead of its lock. Cancellation wins when both are ready. Only one
+    /// waker is registered at a time: use it from the one task that owns this watch.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use taskweave_supervise::TokenWatch;
+    /// use tokio_util::sync::CancellationToken;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// let token = CancellationToken::new();
+    /// let watch = TokenWatch::new(&token);
+    /// assert_eq!(watch.run_until_cancelled(async { 7 }).await, Some(7));
+    /// token.cancel();
+    /// assert_eq!(watch.run_until_cancelled(std::future::pending::<u8>()).await, None);
+    /// # }
+    /// ```
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the returned future drops `future`: as cancel safe as `future`.
+    pub fn run_until_cancelled<F: Future>(&self, future: F) -> RunUntilCancelled<'_, F> {
+        RunUntilCancelled {
+            watch: self,
+            future,
+        }
+    }
+
     /// Marks the watch cancelled now (and runs the hook once), without waiting for tokio-util
     /// to wake it: for an owner that cancels the token itself and must see the flag at once.
     pub fn set(&self) {
         self.signal.wake_by_ref();
+    }
+}
+
+pin_project! {
+    /// Future returned by [`TokenWatch::run_until_cancelled`].
+    #[must_use = "futures do nothing unless polled"]
+    pub struct RunUntilCancelled<'a, F> {
+        watch: &'a TokenWatch,
+        #[pin]
+        future: F,
+    }
+}
+
+impl<F: Future> Future for RunUntilCancelled<'_, F> {
+    type Output = Option<F::Output>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        if this.watch.is_cancelled() {
+            return Poll::Ready(None);
+        }
+        match this.future.poll(cx) {
+            Poll::Ready(output) => Poll::Ready(Some(output)),
+            Poll::Pending => {
+                this.watch.register(cx.waker());
+                // A cancellation between the check and the registration woke nobody.
+                if this.watch.is_cancelled() {
+                    Poll::Ready(None)
+                } else {
+                    Poll::Pending
+                }
+            }
+        }
+    }
+}
+
+impl<F> fmt::Debug for RunUntilCancelled<'_, F> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RunUntilCancelled")
+            .field("cancelled", &self.watch.is_cancelled())
+            .finish_non_exhaustive()
     }
 }
 

@@ -16,6 +16,8 @@
 //! | [`ordone`] | `taskweave-ordone` | a stream that ends when a token is cancelled |
 //! | [`fan`] | `taskweave-fan` | fair merge (fan-in) and fan-out |
 //! | [`pipeline`] | `taskweave-pipeline` | sources and stages, each on its own task |
+//! | [`tee`] | `taskweave-tee` | every value to n outputs, a policy per output |
+//! | [`reorder`] | `taskweave-reorder` | reorder buffer, reorder adapter, ordered parallel map |
 //!
 //! # Example
 //!
@@ -64,3 +66,11 @@ pub use taskweave_fan as fan;
 #[cfg(feature = "pipeline")]
 #[doc(inline)]
 pub use taskweave_pipeline as pipeline;
+
+#[cfg(feature = "tee")]
+#[doc(inline)]
+pub use taskweave_tee as tee;
+
+#[cfg(feature = "reorder")]
+#[doc(inline)]
+pub use taskweave_reorder as reorder;

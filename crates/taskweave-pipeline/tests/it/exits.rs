@@ -138,3 +138,80 @@ async fn a_consumer_outside_a_stage_reads_the_panic_from_end_not_from_a_log() {
         "pipeline-map"
     );
 }
+
+#[tokio::test]
+async fn an_upstream_panic_is_reported_through_adapters_between_stages() {
+    let p = Pipeline::new(CancellationToken::new());
+    let broken = p
+        .iter(0..5)
+        .spawn_map(&p.named("broken"), |n: i32| async move {
+            assert!(n < 1, "broken at {n}");
+            n
+        });
+    // futures adapters and a chain between two stages: still the stage's input.
+    let input = broken.map(|n| n + 1).chain(futures::stream::iter([100]));
+    let mut out = input.spawn_filter(&p.named("after"), |_| true);
+    assert_eq!((&mut out).collect::<Vec<_>>().await, [1, 100]);
+    match out.end() {
+        Some(StageEnd::UpstreamPanicked(panic)) => assert_eq!(panic.name(), "broken"),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn a_stage_read_inside_a_function_is_not_mistaken_for_the_input() {
+    let p = Pipeline::new(CancellationToken::new());
+    let inner = p.clone();
+    let mut out = p.iter([1, 2]).spawn_map(&p.named("outer"), move |n: i32| {
+        let inner = inner.clone();
+        async move {
+            // A sub-pipeline that panics, read (and its end ignored) inside the function.
+            let sub = inner
+                .iter([n])
+                .spawn_map(&inner.named("sub"), |_: i32| async { panic!("sub failed") });
+            sub.count().await
+        }
+    });
+    assert_eq!((&mut out).collect::<Vec<_>>().await, [0, 0]);
+    assert!(
+        matches!(out.end(), Some(StageEnd::InputEnded)),
+        "{:?}",
+        out.end()
+    );
+}
+
+#[tokio::test]
+async fn a_consumer_that_checks_is_terminated_first_still_passes_the_panic_on() {
+    let p = Pipeline::new(CancellationToken::new());
+    let mut broken = p
+        .iter([1])
+        .spawn_map(&p.named("broken"), |_: i32| async { panic!("no") });
+    // As `select!` does: poll only while not terminated.
+    let mut got = Vec::new();
+    while !broken.is_terminated() {
+        if let Some(n) = broken.next().await {
+            got.push(n);
+        }
+    }
+    assert!(got.is_empty());
+    assert!(matches!(broken.end(), Some(StageEnd::Panicked(_))));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn panics_are_reported_downstream_on_the_multi_thread_runtime() {
+    for _ in 0..20 {
+        let p = Pipeline::new(CancellationToken::new());
+        let mut out = p
+            .iter(0..100_u32)
+            .spawn_map(&p.named("broken"), |n| async move {
+                assert!(n < 50, "broken at {n}");
+                n
+            })
+            .spawn_map(&p.named("next"), |n| async move { n });
+        assert_eq!((&mut out).count().await, 50);
+        assert_eq!(
+            out.end().and_then(StageEnd::panic).unwrap().name(),
+            "broken"
+        );
+    }
+}

@@ -3,6 +3,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+use futures::stream::FusedStream;
 use futures::{Stream, StreamExt};
 use proptest::prelude::*;
 use taskweave_pipeline::{Pipeline, PipelineExt, StageEnd};
@@ -60,8 +61,8 @@ async fn first_zero_drops_its_input_without_reading_it() {
     assert!(none.get_ref().is_none());
     assert_eq!(none.next().await, None);
     assert_no_leaked_tasks(baseline).await;
-    // The map stage may have run before it was stopped, but no further than its capacity.
-    assert!(read.load(Ordering::SeqCst) <= 2 * taskweave_pipeline::DEFAULT_CAPACITY + 2);
+    // The map stage was stopped before it ever ran: its token was cancelled first.
+    assert_eq!(read.load(Ordering::SeqCst), 0);
 }
 
 #[tokio::test]
@@ -152,6 +153,7 @@ async fn a_stage_runs_at_most_its_capacity_ahead_of_a_consumer_that_does_not_rea
     let ahead = produced.load(Ordering::SeqCst);
     assert!((2..=6).contains(&ahead), "produced {ahead}");
     assert_eq!(out.len(), 2);
+    assert_eq!(out.size_hint(), (2, None));
     assert_eq!(out.next().await, Some(0));
     for _ in 0..100 {
         tokio::task::yield_now().await;
@@ -189,4 +191,33 @@ proptest! {
         });
         prop_assert_eq!(got, expected);
     }
+}
+
+#[tokio::test]
+async fn first_is_terminated_after_n_items_without_another_poll() {
+    let p = pipeline();
+    let mut two = p.repeat([1]).first(2);
+    assert!(!two.is_terminated());
+    assert_eq!(two.next().await, Some(1));
+    assert_eq!(two.size_hint().1, Some(1), "one item left at most");
+    assert_eq!(two.next().await, Some(1));
+    assert!(two.is_terminated());
+    assert_eq!(two.size_hint(), (0, Some(0)));
+    assert!(two.get_ref().is_none(), "the input is dropped at once");
+}
+
+#[tokio::test]
+async fn a_filter_over_an_always_ready_input_lets_the_canceller_run() {
+    // On one thread: the filter keeps nothing, so it never waits to send; without giving
+    // way to other tasks it would starve the task that cancels it.
+    let token = CancellationToken::new();
+    let p = Pipeline::new(token.clone());
+    let mut nothing = futures::stream::iter(0_u64..).spawn_filter(&p, |_| false);
+    let canceller = tokio::spawn(async move {
+        tokio::task::yield_now().await;
+        token.cancel();
+    });
+    assert_eq!(nothing.next().await, None);
+    assert!(matches!(nothing.end(), Some(StageEnd::Cancelled)));
+    canceller.await.unwrap();
 }

@@ -1,0 +1,125 @@
+//! Tee: 100,000 items to 2 and to 4 outputs, each read by its own task. taskweave's tee
+//! (lockstep, 32 items per output) against tokio's broadcast channel and a hand-written loop
+//! sending every item to n async-channels of 32 (the lower bound).
+//!
+//! `cargo bench -p taskweave-benches --bench tee`; ratios in `docs/benchmarks.md`.
+
+#[path = "common.rs"]
+mod common;
+
+use std::hint::black_box;
+use std::time::Duration;
+
+use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+use futures::StreamExt;
+use taskweave::tee::{Policy, tee_with};
+use tokio::sync::broadcast;
+use tokio_util::sync::CancellationToken;
+
+const ITEMS: u64 = 100_000;
+const CAPACITY: usize = 32;
+
+/// Sums what each reader received, so that every implementation does the same work.
+async fn join_readers(readers: Vec<tokio::task::JoinHandle<u64>>) -> u64 {
+    let mut total = 0;
+    for reader in readers {
+        total += reader.await.unwrap();
+    }
+    total
+}
+
+async fn taskweave_tee(n: usize) -> u64 {
+    let outputs = tee_with(
+        CancellationToken::new(),
+        futures::stream::iter(0..ITEMS),
+        vec![Policy::lockstep(CAPACITY); n],
+    );
+    let readers = outputs
+        .into_iter()
+        .map(|output| tokio::spawn(output.fold(0, |sum, v| async move { sum + v })))
+        .collect();
+    join_readers(readers).await
+}
+
+/// tokio's broadcast cannot hold the sender back, so it gets room for every item (with 32
+/// its readers would lag and lose items).
+async fn tokio_broadcast(n: usize) -> u64 {
+    let (tx, _) = broadcast::channel(ITEMS as usize);
+    let readers = (0..n)
+        .map(|_| {
+            let mut rx = tx.subscribe();
+            tokio::spawn(async move {
+                let mut sum = 0;
+                while let Ok(v) = rx.recv().await {
+                    sum += v;
+                }
+                sum
+            })
+        })
+        .collect();
+    tokio::spawn(async move {
+        for v in 0..ITEMS {
+            tx.send(v).unwrap();
+        }
+    });
+    join_readers(readers).await
+}
+
+async fn hand_written_loop(n: usize) -> u64 {
+    let (senders, readers): (Vec<_>, Vec<_>) = (0..n)
+        .map(|_| {
+            let (tx, rx) = async_channel::bounded::<u64>(CAPACITY);
+            let reader = tokio::spawn(async move {
+                let mut sum = 0;
+                while let Ok(v) = rx.recv().await {
+                    sum += v;
+                }
+                sum
+            });
+            (tx, reader)
+        })
+        .unzip();
+    tokio::spawn(async move {
+        for v in 0..ITEMS {
+            for tx in &senders {
+                if tx.send(v).await.is_err() {
+                    return;
+                }
+            }
+        }
+    });
+    join_readers(readers).await
+}
+
+fn tee_bench(c: &mut Criterion) {
+    for (flavor, runtime) in common::runtimes() {
+        for n in [2_usize, 4] {
+            let mut group = c.benchmark_group(format!("tee_100k_to_{n}/{flavor}"));
+            group.throughput(Throughput::Elements(ITEMS));
+            group.sample_size(20);
+            group.measurement_time(Duration::from_secs(3));
+            let expected = n as u64 * (ITEMS * (ITEMS - 1) / 2);
+            for (name, which) in [
+                ("taskweave_tee", 0),
+                ("tokio_broadcast", 1),
+                ("hand_written_loop", 2),
+            ] {
+                let run = move || async move {
+                    match which {
+                        0 => taskweave_tee(n).await,
+                        1 => tokio_broadcast(n).await,
+                        _ => hand_written_loop(n).await,
+                    }
+                };
+                assert_eq!(runtime.block_on(run()), expected, "{name}");
+                group.bench_function(BenchmarkId::new(name, n), |b| {
+                    b.iter(|| black_box(runtime.block_on(run())));
+                });
+            }
+            group.finish();
+        }
+    }
+}
+
+criterion_group!(benches, tee_bench);
+criterion_main!(benches);

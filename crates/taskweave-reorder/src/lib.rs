@@ -1,0 +1,37 @@
+//! Reordering on tokio: put indexed items back in order within a bounded window.
+//!
+//! - [`ReorderBuffer`]: push `(index, value)` in any order, pop values in index order; an
+//!   index beyond the window is refused and handed back (so a producer holds it instead of
+//!   the buffer growing without bound), a duplicate is an error, and gaps left at the end
+//!   are reported.
+//! - [`reorder`]: the same as a stream adapter over `(index, value)` items.
+//! - [`map_ordered`]: a parallel map whose calls run on spawned tasks, `concurrency` at a
+//!   time, with results yielded in input order; a panic becomes an error at its item's place.
+//!
+//! # Example
+//!
+//! ```
+//! use futures::StreamExt;
+//! use taskweave_reorder::map_ordered;
+//! use tokio_util::sync::CancellationToken;
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() {
+//! let words = futures::stream::iter(["parse", "map", "reorder"]);
+//! let lengths: Vec<usize> = map_ordered(CancellationToken::new(), words, 2, |w| async move { w.len() })
+//!     .map(|len| len.expect("no panic"))
+//!     .collect()
+//!     .await;
+//! assert_eq!(lengths, [5, 3, 7]);
+//! # }
+//! ```
+
+mod adapter;
+mod buffer;
+mod error;
+mod map_ordered;
+
+pub use adapter::{Reorder, reorder};
+pub use buffer::ReorderBuffer;
+pub use error::{MissingIndices, PushError, ReorderError};
+pub use map_ordered::{MapOrdered, map_ordered};

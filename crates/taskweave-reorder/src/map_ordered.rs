@@ -1,0 +1,247 @@
+//! `map_ordered`: a parallel map on spawned tasks whose results come out in input order.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use futures::stream::FusedStream;
+use futures::{Stream, StreamExt};
+use taskweave_supervise::{PanicError, TaskName, TokenWatch, catch_panic};
+use tokio::sync::{Mutex, Semaphore};
+use tokio_util::sync::{CancellationToken, DropGuard};
+
+use crate::ReorderBuffer;
+
+type Indexed<R> = (u64, Result<R, PanicError>);
+
+/// The input, read by whichever worker holds the lock.
+struct SharedInput<S> {
+    stream: Pin<Box<S>>,
+    next_index: u64,
+    ended: bool,
+}
+
+/// Maps `input` through `f` with up to `concurrency` calls in flight on spawned tasks, and
+/// yields the results in input order.
+///
+/// - **Order**: result `k` is yielded after results `0..k`, whatever order the calls finish
+///   in.
+/// - **Runs ahead of the consumer**: the calls run on `concurrency` worker tasks, not inside
+///   the consumer's poll. A consumer that awaits something else in its loop does not stall
+///   them (futures' `buffered(n)` only makes progress while it is polled). At most
+///   `2 × concurrency` items are between the input and the consumer (running, or finished and
+///   waiting for an earlier one): a slow item holds the others back by at most that many,
+///   and the input is not read further until the window moves on.
+/// - **Panics**: a panic in `f` (or in the input stream) is caught, logged, and yielded as
+///   `Err(PanicError)` at its item's place; the output goes on (after an input panic, it
+///   ends there).
+/// - **Stops** when `token` is cancelled (the output ends at once, calls in flight are
+///   dropped), when the output is dropped, or after the input ended and every result was
+///   yielded. Tasks are spawned through `taskweave-supervise`.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use futures::StreamExt;
+/// use taskweave_reorder::map_ordered;
+/// use tokio_util::sync::CancellationToken;
+///
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+/// # async fn main() {
+/// let input = futures::stream::iter(1..=5_u64);
+/// let out: Vec<u64> = map_ordered(CancellationToken::new(), input, 3, |n| async move {
+///     // Later items finish first.
+///     tokio::time::sleep(Duration::from_millis(100 - n * 10)).await;
+///     n * 10
+/// })
+/// .map(Result::unwrap)
+/// .collect()
+/// .await;
+/// assert_eq!(out, [10, 20, 30, 40, 50]);
+/// # }
+/// ```
+///
+/// # Panics
+///
+/// Panics if `concurrency` is zero, or when called outside a tokio runtime.
+pub fn map_ordered<S, F, Fut>(
+    token: CancellationToken,
+    input: S,
+    concurrency: usize,
+    f: F,
+) -> MapOrdered<Fut::Output>
+where
+    S: Stream + Send + 'static,
+    S::Item: Send + 'static,
+    F: Fn(S::Item) -> Fut + Send + Sync + 'static,
+    Fut: Future + Send + 'static,
+    Fut::Output: Send + 'static,
+{
+    assert!(
+        concurrency > 0,
+        "map_ordered: concurrency must be greater than zero"
+    );
+    let window = concurrency.saturating_mul(2);
+    let token = token.child_token();
+    let permits = Arc::new(Semaphore::new(window));
+    // Never full: at most `window` items are between the input and the consumer.
+    let (done_tx, done_rx) = async_channel::bounded::<Indexed<Fut::Output>>(window);
+    // The workers take turns reading the input: no feeder task, no hop through a queue.
+    let input = Arc::new(Mutex::new(SharedInput {
+        stream: Box::pin(input),
+        next_index: 0,
+        ended: false,
+    }));
+    let f = Arc::new(f);
+    for worker in 0..concurrency {
+        let (input, permits, done_tx, f) = (
+            Arc::clone(&input),
+            Arc::clone(&permits),
+            done_tx.clone(),
+            Arc::clone(&f),
+        );
+        let watch = TokenWatch::new(&token);
+        let name = TaskName::from(format!("map-ordered-{worker}"));
+        drop(taskweave_supervise::spawn(name.clone(), async move {
+            loop {
+                // A permit per item, given back when the consumer takes the item's result.
+                match watch.run_until_cancelled(permits.acquire()).await {
+                    Some(Ok(permit)) => permit.forget(),
+                    None | Some(Err(_)) => return,
+                }
+                let Some(mut shared) = watch.run_until_cancelled(input.lock()).await else {
+                    return;
+                };
+                if shared.ended {
+                    return;
+                }
+                let index = shared.next_index;
+                let next = catch_panic("map-ordered-input", shared.stream.next());
+                let item = match watch.run_until_cancelled(next).await {
+                    None => return,
+                    Some(Ok(Some(item))) => item,
+                    Some(Ok(None)) => {
+                        shared.ended = true;
+                        return;
+                    }
+                    Some(Err(panic)) => {
+                        // The input is broken: its panic is the last item.
+                        shared.ended = true;
+                        drop(shared);
+                        let _ = done_tx.send((index, Err(panic))).await;
+                        return;
+                    }
+                };
+                shared.next_index += 1;
+                drop(shared);
+                let call = catch_panic(name.clone(), async { f(item).await });
+                let Some(result) = watch.run_until_cancelled(call).await else {
+                    return;
+                };
+                if done_tx.send((index, result)).await.is_err() {
+                    return;
+                }
+            }
+        }));
+    }
+    drop(done_tx);
+
+    MapOrdered {
+        done: Box::pin(done_rx),
+        buffer: ReorderBuffer::new(window),
+        permits,
+        watch: TokenWatch::new(&token),
+        ended: false,
+        _stop_on_drop: token.drop_guard(),
+    }
+}
+
+/// Stream returned by [`map_ordered`]: the results in input order.
+///
+/// # Cancel safety
+///
+/// Reading with `StreamExt::next` is cancel safe: a dropped `next()` future loses no result.
+#[must_use = "streams do nothing unless polled"]
+pub struct MapOrdered<R> {
+    // Boxed so that `MapOrdered` is `Unpin` (async-channel's receiver is not).
+    done: Pin<Box<async_channel::Receiver<Indexed<R>>>>,
+    buffer: ReorderBuffer<Result<R, PanicError>>,
+    permits: Arc<Semaphore>,
+    watch: TokenWatch,
+    ended: bool,
+    // Dropping the output stops the feeder and the workers.
+    _stop_on_drop: DropGuard,
+}
+
+impl<R> MapOrdered<R> {
+    /// Finished results waiting for an earlier one.
+    #[must_use]
+    pub fn waiting(&self) -> usize {
+        self.buffer.len()
+    }
+}
+
+// No field is ever pinned: the buffered results are plain values.
+impl<R> Unpin for MapOrdered<R> {}
+
+impl<R> Stream for MapOrdered<R> {
+    type Item = Result<R, PanicError>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = &mut *self;
+        loop {
+            if this.ended {
+                return Poll::Ready(None);
+            }
+            if this.watch.is_cancelled() {
+                this.ended = true;
+                return Poll::Ready(None);
+            }
+            if let Some(result) = this.buffer.pop() {
+                this.permits.add_permits(1);
+                return Poll::Ready(Some(result));
+            }
+            match this.done.as_mut().poll_next(cx) {
+                Poll::Ready(Some((index, result))) => {
+                    // Within the window by construction: the feeder holds a permit for
+                    // every index between the consumer's next one and this one.
+                    if let Err(refused) = this.buffer.push(index, result) {
+                        unreachable!("map_ordered: result outside the window: {refused}");
+                    }
+                }
+                // Every task has stopped; after a cancel, what is buffered is dropped.
+                Poll::Ready(None) => {
+                    this.ended = true;
+                    return Poll::Ready(None);
+                }
+                Poll::Pending => {
+                    this.watch.register(cx.waker());
+                    if this.watch.is_cancelled() {
+                        this.ended = true;
+                        return Poll::Ready(None);
+                    }
+                    return Poll::Pending;
+                }
+            }
+        }
+    }
+}
+
+impl<R> FusedStream for MapOrdered<R> {
+    fn is_terminated(&self) -> bool {
+        self.ended
+    }
+}
+
+impl<R> fmt::Debug for MapOrdered<R> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MapOrdered")
+            .field("next_index", &self.buffer.next_index())
+            .field("waiting", &self.buffer.len())
+            .field("ended", &self.ended)
+            .finish_non_exhaustive()
+    }
+}

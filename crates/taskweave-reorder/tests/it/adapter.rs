@@ -1,0 +1,96 @@
+//! The `reorder` stream adapter.
+
+use futures::StreamExt;
+use proptest::prelude::*;
+use taskweave_reorder::{PushError, ReorderError, reorder};
+use tokio_util::sync::CancellationToken;
+
+fn run<T: Send + 'static>(items: Vec<(u64, T)>, window: usize) -> Vec<Result<T, ReorderError<T>>> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    runtime.block_on(
+        reorder(
+            CancellationToken::new(),
+            futures::stream::iter(items),
+            window,
+        )
+        .collect(),
+    )
+}
+
+#[test]
+fn a_duplicate_is_yielded_as_an_error_with_its_value_and_the_rest_goes_on() {
+    let out = run(vec![(1, "b"), (0, "a"), (1, "dup"), (2, "c")], 4);
+    assert_eq!(out.len(), 4);
+    assert_eq!(out[0], Ok("a"));
+    assert_eq!(out[1], Ok("b"));
+    match &out[2] {
+        Err(ReorderError::Refused(PushError::Duplicate { index: 1, value })) => {
+            assert_eq!(*value, "dup");
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(out[3], Ok("c"));
+}
+
+#[test]
+fn an_index_too_far_ahead_is_refused_instead_of_hanging_or_growing() {
+    let out = run(vec![(5, 'f'), (0, 'a'), (1, 'b')], 2);
+    assert!(matches!(
+        &out[0],
+        Err(ReorderError::Refused(PushError::BeyondWindow {
+            index: 5,
+            next: 0,
+            value: 'f'
+        }))
+    ));
+    assert_eq!(out[1..], [Ok('a'), Ok('b')]);
+}
+
+#[test]
+fn gaps_at_the_end_are_reported_once_then_the_rest_follows_in_order() {
+    let out = run(vec![(3, 'd'), (0, 'a'), (5, 'f')], 8);
+    assert_eq!(out[0], Ok('a'));
+    match &out[1] {
+        Err(ReorderError::Missing(missing)) => assert_eq!(missing.indices(), [1, 2, 4]),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(out[2..], [Ok('d'), Ok('f')], "nothing accepted is lost");
+}
+
+#[tokio::test]
+async fn cancel_ends_the_stream_at_once() {
+    let token = CancellationToken::new();
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<(u64, u8)>();
+    let input =
+        futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|x| (x, rx)) })
+            .boxed();
+    let mut out = reorder(token.clone(), input, 4);
+    tx.send((1, 1)).unwrap();
+    let mut next = tokio_test::task::spawn(out.next());
+    tokio_test::assert_pending!(next.poll(), "index 0 is missing");
+    token.cancel();
+    assert!(next.is_woken(), "the cancel wakes the consumer");
+    assert_eq!(tokio_test::assert_ready!(next.poll()), None);
+    drop(next);
+    assert!(futures::stream::FusedStream::is_terminated(&out));
+}
+
+proptest! {
+    #[test]
+    fn permutations_within_the_window_come_out_exactly_in_order(
+        chunks in proptest::collection::vec(Just((0..8_u64).collect::<Vec<_>>()).prop_shuffle(), 0..20),
+    ) {
+        // Each run of 8 indices is shuffled within itself: never more than 8 ahead.
+        let items: Vec<(u64, u64)> = chunks
+            .iter()
+            .enumerate()
+            .flat_map(|(c, chunk)| chunk.iter().map(move |&k| (c as u64 * 8 + k, k)))
+            .collect();
+        let out: Vec<u64> = run(items.clone(), 8).into_iter().map(Result::unwrap).collect();
+        let mut expected = items;
+        expected.sort_unstable();
+        prop_assert_eq!(out, expected.into_iter().map(|(_, k)| k).collect::<Vec<_>>());
+    }
+}

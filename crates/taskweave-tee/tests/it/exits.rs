@@ -1,0 +1,65 @@
+//! The tee's task stops, and every output ends, on every exit path.
+
+use std::time::Duration;
+
+use futures::StreamExt;
+use futures::stream::FusedStream;
+use taskweave_tee::{tee, tee_n};
+use tokio_util::sync::CancellationToken;
+
+use crate::{alive_tasks, assert_no_leaked_tasks};
+
+#[tokio::test]
+async fn input_end_ends_every_output() {
+    let baseline = alive_tasks();
+    let (mut left, mut right) = tee(CancellationToken::new(), futures::stream::iter([1, 2]));
+    assert_eq!((&mut left).collect::<Vec<_>>().await, [1, 2]);
+    assert_eq!((&mut right).collect::<Vec<_>>().await, [1, 2]);
+    assert!(left.is_terminated() && right.is_terminated());
+    assert!(left.panic().is_none());
+    assert_no_leaked_tasks(baseline).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn cancel_ends_every_output_even_while_the_tee_waits_on_a_full_one() {
+    let baseline = alive_tasks();
+    let token = CancellationToken::new();
+    let (left, mut right) = tee(token.clone(), futures::stream::iter(0..));
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    token.cancel();
+    let buffered = (&mut right).count().await;
+    assert!(
+        buffered <= taskweave_tee::DEFAULT_CAPACITY + 1,
+        "{buffered}"
+    );
+    assert_no_leaked_tasks(baseline).await;
+    drop(left);
+}
+
+#[tokio::test(start_paused = true)]
+async fn dropping_every_output_stops_a_tee_waiting_on_its_input() {
+    let baseline = alive_tasks();
+    let token = CancellationToken::new();
+    let outputs = tee_n(token.clone(), futures::stream::pending::<u8>(), 3);
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    drop(outputs);
+    assert_no_leaked_tasks(baseline).await;
+    assert!(!token.is_cancelled(), "only the tee's own child token");
+}
+
+#[tokio::test]
+async fn a_panicking_input_ends_every_output_and_says_why() {
+    let baseline = alive_tasks();
+    let input = futures::stream::iter(0..5).map(|n| {
+        assert!(n < 2, "input broke at {n}");
+        n
+    });
+    let (mut left, right) = tee(CancellationToken::new(), input);
+    assert_eq!((&mut left).collect::<Vec<_>>().await, [0, 1]);
+    assert_eq!(right.collect::<Vec<_>>().await, [0, 1]);
+    assert_eq!(
+        left.panic().expect("reported").message(),
+        "input broke at 2"
+    );
+    assert_no_leaked_tasks(baseline).await;
+}

@@ -1,0 +1,209 @@
+//! Lockstep, drop-oldest and disconnect outputs, alone and side by side.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use futures::StreamExt;
+use proptest::prelude::*;
+use taskweave_tee::{Policy, TeeOutput, tee, tee_n, tee_with};
+use tokio_util::sync::CancellationToken;
+
+fn drain<T: Send + 'static>(output: TeeOutput<T>) -> tokio::task::JoinHandle<Vec<T>> {
+    tokio::spawn(output.collect())
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_slowest_lockstep_consumer_sets_the_pace() {
+    let mut outputs = tee_with(
+        CancellationToken::new(),
+        futures::stream::iter(0..100),
+        [Policy::lockstep(2), Policy::lockstep(2)],
+    );
+    let mut slow = outputs.pop().unwrap();
+    let mut fast_output = outputs.pop().unwrap();
+    let received = Arc::new(AtomicUsize::new(0));
+    let counter = Arc::clone(&received);
+    let fast = tokio::spawn(async move {
+        let mut got = Vec::new();
+        while let Some(v) = fast_output.next().await {
+            counter.fetch_add(1, Ordering::SeqCst);
+            got.push(v);
+        }
+        got
+    });
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    // The slow one holds 2; the fast one got those 2 and the third, which the tee now holds
+    // for the slow one while it waits for room.
+    assert_eq!(slow.len(), 2);
+    assert_eq!(received.load(Ordering::SeqCst), 3);
+    assert_eq!(slow.next().await, Some(0));
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    assert_eq!(
+        received.load(Ordering::SeqCst),
+        4,
+        "one value out of the slow one, one more in"
+    );
+    let mut got = vec![0];
+    while let Some(v) = slow.next().await {
+        got.push(v);
+    }
+    assert_eq!(got, (0..100).collect::<Vec<_>>());
+    assert_eq!(fast.await.unwrap(), (0..100).collect::<Vec<_>>());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_drop_oldest_output_keeps_the_newest_and_counts_what_it_dropped() {
+    let mut outputs = tee_with(
+        CancellationToken::new(),
+        futures::stream::iter(0..50),
+        [Policy::lockstep(1), Policy::drop_oldest(3)],
+    );
+    let lagging = outputs.pop().unwrap();
+    let steady = drain(outputs.pop().unwrap());
+    assert_eq!(
+        steady.await.unwrap(),
+        (0..50).collect::<Vec<_>>(),
+        "never slowed down"
+    );
+    assert_eq!(lagging.lagged(), 47);
+    assert!(!lagging.is_disconnected());
+    assert_eq!(lagging.policy(), Policy::DropOldest { capacity: 3 });
+    assert_eq!(lagging.collect::<Vec<_>>().await, [47, 48, 49]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_laggard_is_disconnected_after_its_bound_and_the_others_go_on() {
+    let mut outputs = tee_with(
+        CancellationToken::new(),
+        futures::stream::iter(0..20),
+        [Policy::lockstep(1), Policy::disconnect(4)],
+    );
+    let mut laggard = outputs.pop().unwrap();
+    let steady = drain(outputs.pop().unwrap());
+    assert_eq!(steady.await.unwrap(), (0..20).collect::<Vec<_>>());
+    assert!(laggard.is_disconnected());
+    assert_eq!(laggard.lagged(), 0);
+    assert_eq!(
+        (&mut laggard).collect::<Vec<_>>().await,
+        [0, 1, 2, 3],
+        "what it held, then the end"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_dropped_output_never_stalls_the_others() {
+    let token = CancellationToken::new();
+    let mut outputs = tee_n(token, futures::stream::iter(0..1_000), 3);
+    // Dropped unread, full of values, while the tee may be waiting on it.
+    let third = outputs.pop().unwrap();
+    let second = drain(outputs.pop().unwrap());
+    let first = drain(outputs.pop().unwrap());
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    drop(third);
+    assert_eq!(first.await.unwrap().len(), 1_000);
+    assert_eq!(second.await.unwrap().len(), 1_000);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_dropped_drop_oldest_output_is_noticed_too() {
+    let (tx, rx) = tokio::sync::mpsc::channel::<u32>(1);
+    let input =
+        futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|v| (v, rx)) });
+    let mut outputs = tee_with(
+        CancellationToken::new(),
+        input,
+        [Policy::lockstep(8), Policy::drop_oldest(1)],
+    );
+    drop(outputs.pop());
+    let mut kept = outputs.pop().unwrap();
+    tx.send(1).await.unwrap();
+    assert_eq!(kept.next().await, Some(1));
+    drop(tx);
+    assert_eq!(kept.next().await, None);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn works_on_the_multi_thread_runtime() {
+    for _ in 0..20 {
+        let outputs = tee_n(
+            CancellationToken::new(),
+            futures::stream::iter(0..2_000_u32),
+            4,
+        );
+        let handles: Vec<_> = outputs.into_iter().map(drain).collect();
+        for handle in handles {
+            assert_eq!(handle.await.unwrap(), (0..2_000).collect::<Vec<_>>());
+        }
+    }
+}
+
+#[tokio::test]
+async fn tee_gives_two_lockstep_outputs() {
+    let (left, right) = tee(CancellationToken::new(), futures::stream::iter(["a"]));
+    assert_eq!(left.policy(), Policy::default());
+    assert_eq!(
+        right.policy(),
+        Policy::Lockstep {
+            capacity: taskweave_tee::DEFAULT_CAPACITY
+        }
+    );
+}
+
+#[test]
+#[should_panic(expected = "tee: an output's capacity must be greater than zero")]
+fn a_zero_capacity_panics() {
+    let _ = Policy::drop_oldest(0);
+}
+
+#[tokio::test]
+#[should_panic(expected = "tee_n: n must be greater than zero")]
+async fn zero_outputs_panic() {
+    let _ = tee_n(CancellationToken::new(), futures::stream::iter([1]), 0);
+}
+
+#[tokio::test]
+#[should_panic(expected = "tee_with: at least one output is needed")]
+async fn no_policies_panic() {
+    let _ = tee_with(CancellationToken::new(), futures::stream::iter([1]), []);
+}
+
+proptest! {
+    /// Consumers reading at different random paces: every lockstep output gets the same
+    /// sequence, the input's.
+    #[test]
+    fn every_lockstep_output_gets_the_same_sequence(
+        items in proptest::collection::vec(any::<u16>(), 0..100),
+        paces in proptest::collection::vec(0_u64..5, 1..5),
+        capacity in 1_usize..4,
+    ) {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .start_paused(true)
+            .build()
+            .unwrap();
+        let expected = items.clone();
+        let got: Vec<Vec<u16>> = runtime.block_on(async move {
+            let policies = vec![Policy::lockstep(capacity); paces.len()];
+            let outputs = tee_with(CancellationToken::new(), futures::stream::iter(items), policies);
+            let readers = outputs.into_iter().zip(paces).map(|(mut output, pace)| {
+                tokio::spawn(async move {
+                    let mut got = Vec::new();
+                    while let Some(v) = output.next().await {
+                        got.push(v);
+                        tokio::time::sleep(Duration::from_millis(pace)).await;
+                    }
+                    got
+                })
+            });
+            let mut all = Vec::new();
+            for reader in readers.collect::<Vec<_>>() {
+                all.push(reader.await.unwrap());
+            }
+            all
+        });
+        for output in got {
+            prop_assert_eq!(&output, &expected);
+        }
+    }
+}
