@@ -34,6 +34,11 @@ async fn main() {
     streams(&root).await;
     pipeline(&root).await;
     tee_and_reorder(&root).await;
+    println!("\n== shutdown ==");
+    println!("graceful shutdown needs real signals: try `cargo run --example order_service`,");
+    println!(
+        "curl -X POST 'localhost:3000/orders?work_ms=2000', then Ctrl-C (twice exits at once)"
+    );
     println!("\ntour finished");
 }
 

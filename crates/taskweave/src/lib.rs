@@ -18,6 +18,7 @@
 //! | [`pipeline`] | `taskweave-pipeline` | sources and stages, each on its own task |
 //! | [`tee`] | `taskweave-tee` | every value to n outputs, a policy per output |
 //! | [`reorder`] | `taskweave-reorder` | reorder buffer, reorder adapter, ordered parallel map |
+//! | [`shutdown`] | `taskweave-shutdown` | whole-application graceful shutdown with a report |
 //!
 //! # Example
 //!
@@ -74,3 +75,7 @@ pub use taskweave_tee as tee;
 #[cfg(feature = "reorder")]
 #[doc(inline)]
 pub use taskweave_reorder as reorder;
+
+#[cfg(feature = "shutdown")]
+#[doc(inline)]
+pub use taskweave_shutdown as shutdown;

@@ -1,0 +1,640 @@
+//! `Shutdown`: the orchestrator.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use taskweave_supervise::TaskError;
+use tokio::sync::Notify;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::budget::grant;
+use crate::{Readiness, ShutdownReport, StepKind, StepReport, StepStatus, Trigger};
+
+type StepFuture = Pin<Box<dyn Future<Output = ()> + Send>>;
+type StepFn = Box<dyn FnOnce(PhaseContext) -> StepFuture + Send>;
+
+struct Step {
+    name: String,
+    weight: u32,
+    run: StepFn,
+}
+
+/// Whole-application graceful shutdown: one trigger, readiness first, ordered phases sharing
+/// one budget, critical sections waited for, resources closed in reverse order, a report.
+///
+/// Cheap to clone: every clone is the same orchestrator, so components can register their
+/// phases, resources and critical sections wherever they are built.
+///
+/// # The sequence
+///
+/// [`run`](Self::run) waits for the trigger (the token cancelled: a first SIGINT or SIGTERM
+/// once [`listen_for_signals`](Self::listen_for_signals) was called, a call to
+/// [`trigger`](Self::trigger), or anyone cancelling the token), then:
+///
+/// 1. **Readiness**: [`readiness`](Self::readiness) flips to not-ready, and the service keeps
+///    serving for the readiness delay ([`with_readiness_delay`](Self::with_readiness_delay)),
+///    so that load balancers stop sending traffic before the drain starts. The delay comes
+///    before the budget, not out of it.
+/// 2. **Phases**, in the order they were registered, one at a time. Each gets a deadline: its
+///    weight's share of the budget still left (resources, when any are registered, count as
+///    one more share of weight 1), so time a phase does not use rolls forward to the next.
+///    At its deadline a phase's token is cancelled and its task stopped; it is reported as
+///    timed out and the next phase runs with what is left. A panic is caught and reported;
+///    the next phase runs.
+/// 3. **Critical sections** still open ([`critical_section`](Self::critical_section)) are
+///    waited for, until the hard deadline (the end of the budget): never dropped halfway.
+/// 4. **Resources** ([`resource`](Self::resource)) close in reverse order of registration,
+///    last of all, sharing what is left equally.
+///
+/// A step with no time left is reported as skipped. The result is a [`ShutdownReport`].
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use taskweave_shutdown::Shutdown;
+/// use tokio_util::sync::CancellationToken;
+///
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+/// # async fn main() {
+/// let shutdown = Shutdown::new(CancellationToken::new(), Duration::from_secs(10))
+///     .with_readiness_delay(Duration::from_secs(2));
+/// shutdown.resource("database pool", |_ctx| async { /* pool.close().await */ });
+/// shutdown.phase("http drain", |_ctx| async { /* server.graceful_shutdown().await */ });
+/// shutdown.phase("workers", |ctx| async move {
+///     // pool.close_within(ctx.remaining()).await, reporting what it handed back:
+///     ctx.abandon("3 queued jobs handed back");
+/// });
+///
+/// shutdown.trigger("deploy");
+/// let report = shutdown.run().await;
+/// assert!(report.is_clean());
+/// let names: Vec<&str> = report.steps.iter().map(|s| s.name.as_str()).collect();
+/// assert_eq!(names, ["readiness delay", "http drain", "workers", "critical sections", "database pool"]);
+/// println!("{report}"); // a table: status, granted, took, abandoned per step
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct Shutdown {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    token: CancellationToken,
+    budget: Duration,
+    readiness_delay: Mutex<Duration>,
+    readiness: Readiness,
+    state: Mutex<State>,
+    critical_closed: Notify,
+}
+
+#[derive(Default)]
+struct State {
+    trigger: Option<Trigger>,
+    phases: Vec<Step>,
+    resources: Vec<Step>,
+    critical: BTreeMap<u64, String>,
+    next_critical: u64,
+    // Progress, for the report printed when a second signal cuts the shutdown short.
+    started: Option<Instant>,
+    done: Vec<StepReport>,
+    current: Option<(StepKind, String, Duration, Instant)>,
+}
+
+impl Shutdown {
+    /// An orchestrator whose trigger is `token` (cancel it, or call
+    /// [`trigger`](Self::trigger), to start the shutdown) and whose phases, critical sections
+    /// and resources share `budget`.
+    ///
+    /// `token` is the application's root token: components that must keep serving during the
+    /// readiness delay and the phases before theirs should not stop on it, but on tokens of
+    /// their own that their phase cancels.
+    ///
+    /// # Panics
+    ///
+    /// Panics if `budget` is zero.
+    #[must_use]
+    pub fn new(token: CancellationToken, budget: Duration) -> Self {
+        assert!(
+            !budget.is_zero(),
+            "Shutdown::new: the budget must be greater than zero"
+        );
+        Shutdown {
+            inner: Arc::new(Inner {
+                token,
+                budget,
+                readiness_delay: Mutex::new(Duration::ZERO),
+                readiness: Readiness::new(true),
+                state: Mutex::new(State::default()),
+                critical_closed: Notify::new(),
+            }),
+        }
+    }
+
+    /// Keeps serving for `delay` after readiness flips to not-ready, before the first phase
+    /// (default: none). Under Kubernetes, use either this or a `preStop` sleep.
+    #[must_use]
+    pub fn with_readiness_delay(self, delay: Duration) -> Self {
+        *lock(&self.inner.readiness_delay) = delay;
+        self
+    }
+
+    /// The root token: cancelled when the shutdown is triggered.
+    #[must_use]
+    pub fn token(&self) -> &CancellationToken {
+        &self.inner.token
+    }
+
+    /// The total budget.
+    #[must_use]
+    pub fn budget(&self) -> Duration {
+        self.inner.budget
+    }
+
+    /// The readiness flag; it starts ready and flips to not-ready when the shutdown starts.
+    #[must_use]
+    pub fn readiness(&self) -> Readiness {
+        self.inner.readiness.clone()
+    }
+
+    /// Starts the shutdown from code (a fatal error in a component), the same way as a
+    /// signal. Returns `false` (and changes nothing) when it had started already.
+    pub fn trigger(&self, reason: impl Into<String>) -> bool {
+        self.start(Trigger::Requested(reason.into()))
+    }
+
+    /// `true` once the shutdown was triggered.
+    #[must_use]
+    pub fn is_triggered(&self) -> bool {
+        self.inner.token.is_cancelled()
+    }
+
+    fn start(&self, trigger: Trigger) -> bool {
+        let mut state = lock(&self.inner.state);
+        if state.trigger.is_some() || self.inner.token.is_cancelled() {
+            state.trigger.get_or_insert(Trigger::TokenCancelled);
+            return false;
+        }
+        state.trigger = Some(trigger);
+        drop(state);
+        self.inner.token.cancel();
+        true
+    }
+
+    /// Registers a phase, run after the phases registered before it, with weight 1.
+    ///
+    /// `f` gets a [`PhaseContext`] with the phase's deadline and a token cancelled when the
+    /// deadline passes; it runs on its own task, so a panic is caught and reported.
+    pub fn phase<F, Fut>(&self, name: impl Into<String>, f: F)
+    where
+        F: FnOnce(PhaseContext) -> Fut + Send + 'static,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        self.phase_weighted(name, 1, f);
+    }
+
+    /// Registers a phase with a weight: it is granted `weight` shares of the budget left
+    /// when it starts, where every phase still to run holds its own shares (and the
+    /// resources, together, one share).
+    ///
+    /// # Panics
+    ///
+    /// Panics if `weight` is zero.
+    pub fn phase_weighted<F, Fut>(&self, name: impl Into<String>, weight: u32, f: F)
+    where
+        F: FnOnce(PhaseContext) -> Fut + Send + 'static,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        assert!(
+            weight > 0,
+            "Shutdown::phase_weighted: the weight must be greater than zero"
+        );
+        let step = Step {
+            name: name.into(),
+            weight,
+            run: Box::new(move |ctx| Box::pin(f(ctx))),
+        };
+        let mut state = lock(&self.inner.state);
+        if state.started.is_some() {
+            tracing::warn!(phase = %step.name, "phase registered after the shutdown started: not run");
+            return;
+        }
+        state.phases.push(step);
+    }
+
+    /// Registers a resource to close at the very end, after every phase and critical
+    /// section, in reverse order of registration (register as you open: the last opened
+    /// closes first).
+    pub fn resource<F, Fut>(&self, name: impl Into<String>, close: F)
+    where
+        F: FnOnce(PhaseContext) -> Fut + Send + 'static,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        let step = Step {
+            name: name.into(),
+            weight: 1,
+            run: Box::new(move |ctx| Box::pin(close(ctx))),
+        };
+        let mut state = lock(&self.inner.state);
+        if state.started.is_some() {
+            tracing::warn!(resource = %step.name, "resource registered after the shutdown started: not closed");
+            return;
+        }
+        state.resources.push(step);
+    }
+
+    /// Opens a critical section (a database commit, the end of a batch): the shutdown waits
+    /// for it, until the hard deadline, before closing the resources. It ends when the guard
+    /// is dropped.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # use taskweave_shutdown::Shutdown;
+    /// # use tokio_util::sync::CancellationToken;
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() {
+    /// let shutdown = Shutdown::new(CancellationToken::new(), Duration::from_secs(5));
+    /// let commit = shutdown.critical_section("commit batch 42");
+    /// tokio::spawn(async move {
+    ///     tokio::time::sleep(Duration::from_secs(1)).await; // the commit
+    ///     drop(commit);
+    /// });
+    /// let report = shutdown.run_now("test").await;
+    /// assert!(report.step("critical sections").unwrap().status.is_completed());
+    /// # }
+    /// ```
+    #[must_use = "the critical section ends when the guard is dropped"]
+    pub fn critical_section(&self, name: impl Into<String>) -> CriticalSection {
+        let mut state = lock(&self.inner.state);
+        let id = state.next_critical;
+        state.next_critical += 1;
+        state.critical.insert(id, name.into());
+        CriticalSection {
+            inner: Arc::clone(&self.inner),
+            id,
+        }
+    }
+
+    /// Listens for SIGINT and SIGTERM (Ctrl-C elsewhere than on Unix) on a task of its own:
+    /// the first one triggers the shutdown; a second one (or a first one after the shutdown
+    /// was triggered otherwise) prints the report so far to stderr, logs it, and exits the
+    /// process at once with code 130 (SIGINT) or 143 (SIGTERM).
+    ///
+    /// # Errors
+    ///
+    /// The error of registering the signal handlers.
+    ///
+    /// # Panics
+    ///
+    /// Panics when called outside a tokio runtime.
+    pub fn listen_for_signals(&self) -> std::io::Result<()> {
+        let me = self.clone();
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{SignalKind, signal};
+            let mut terminate = signal(SignalKind::terminate())?;
+            let mut interrupt = signal(SignalKind::interrupt())?;
+            drop(taskweave_supervise::spawn("shutdown-signals", async move {
+                loop {
+                    let (name, code) = tokio::select! {
+                        _ = terminate.recv() => ("SIGTERM", 143),
+                        _ = interrupt.recv() => ("SIGINT", 130),
+                    };
+                    me.on_signal(name, code);
+                }
+            }));
+        }
+        #[cfg(not(unix))]
+        {
+            drop(taskweave_supervise::spawn("shutdown-signals", async move {
+                while tokio::signal::ctrl_c().await.is_ok() {
+                    me.on_signal("SIGINT", 130);
+                }
+            }));
+        }
+        Ok(())
+    }
+
+    fn on_signal(&self, name: &'static str, code: i32) {
+        if self.start(Trigger::Signal(name)) {
+            tracing::info!(
+                signal = name,
+                "shutdown triggered; a second signal exits at once"
+            );
+            return;
+        }
+        let report = self.report_so_far();
+        report.log();
+        eprintln!("{name} during the shutdown: exiting now with code {code}\n{report}");
+        std::process::exit(code);
+    }
+
+    /// The report so far: the steps that finished, and the one running as interrupted.
+    #[must_use]
+    pub fn report_so_far(&self) -> ShutdownReport {
+        let state = lock(&self.inner.state);
+        let now = Instant::now();
+        let mut steps = state.done.clone();
+        if let Some((kind, name, granted, started)) = &state.current {
+            steps.push(StepReport {
+                kind: *kind,
+                name: name.clone(),
+                status: StepStatus::Interrupted,
+                granted: *granted,
+                elapsed: now.saturating_duration_since(*started),
+                abandoned: Vec::new(),
+            });
+        }
+        ShutdownReport {
+            trigger: state.trigger.clone().unwrap_or(Trigger::TokenCancelled),
+            budget: self.inner.budget,
+            steps,
+            elapsed: state.started.map_or(Duration::ZERO, |started| {
+                now.saturating_duration_since(started)
+            }),
+            complete: false,
+        }
+    }
+
+    /// Triggers the shutdown with `reason` (unless it was triggered already), then
+    /// [`run`](Self::run)s it.
+    pub async fn run_now(&self, reason: impl Into<String>) -> ShutdownReport {
+        self.trigger(reason);
+        self.run().await
+    }
+
+    /// Waits for the trigger, then runs the shutdown sequence (see the type's docs) and
+    /// returns its report. The report is also logged through `tracing`.
+    ///
+    /// Run it once: the registered steps are used up by the first run (a second one reports
+    /// no phase).
+    ///
+    /// # Cancel safety
+    ///
+    /// Not cancel safe: dropping the future in the middle of the sequence drops the step
+    /// that runs (its task is stopped) and leaves the later steps unrun.
+    pub async fn run(&self) -> ShutdownReport {
+        self.inner.token.cancelled().await;
+        let started = Instant::now();
+        let (phases, resources, trigger) = {
+            let mut state = lock(&self.inner.state);
+            state.started = Some(started);
+            state.trigger.get_or_insert(Trigger::TokenCancelled);
+            (
+                std::mem::take(&mut state.phases),
+                std::mem::take(&mut state.resources),
+                state.trigger.clone().unwrap_or(Trigger::TokenCancelled),
+            )
+        };
+        tracing::info!(%trigger, budget = ?self.inner.budget, "shutdown started");
+
+        // 1. Readiness first, then keep serving for the delay.
+        self.inner.readiness.set_not_ready();
+        let delay = *lock(&self.inner.readiness_delay);
+        self.begin(StepKind::Readiness, "readiness delay", delay);
+        tokio::time::sleep(delay).await;
+        self.finish(StepReport {
+            kind: StepKind::Readiness,
+            name: "readiness delay".to_string(),
+            status: StepStatus::Completed,
+            granted: delay,
+            elapsed: Instant::now().saturating_duration_since(started),
+            abandoned: Vec::new(),
+        });
+
+        // 2. The phases, sharing the budget.
+        let hard_deadline = Instant::now() + self.inner.budget;
+        let resource_weight = u32::from(!resources.is_empty());
+        let mut weights_left = phases.iter().fold(resource_weight, |sum, phase| {
+            sum.saturating_add(phase.weight)
+        });
+        for phase in phases {
+            let remaining = hard_deadline.saturating_duration_since(Instant::now());
+            let granted = grant(remaining, phase.weight, weights_left);
+            weights_left -= phase.weight;
+            self.run_step(StepKind::Phase, phase, granted).await;
+        }
+
+        // 3. Critical sections, until the hard deadline.
+        self.wait_for_critical_sections(hard_deadline).await;
+
+        // 4. Resources, last opened first, sharing what is left.
+        let count = resources.len();
+        for (closed, resource) in resources.into_iter().rev().enumerate() {
+            let remaining = hard_deadline.saturating_duration_since(Instant::now());
+            let left = u32::try_from(count - closed).unwrap_or(u32::MAX);
+            let granted = grant(remaining, 1, left);
+            self.run_step(StepKind::Resource, resource, granted).await;
+        }
+
+        let steps = std::mem::take(&mut lock(&self.inner.state).done);
+        let report = ShutdownReport {
+            trigger,
+            budget: self.inner.budget,
+            steps,
+            elapsed: Instant::now().saturating_duration_since(started),
+            complete: true,
+        };
+        report.log();
+        report
+    }
+
+    fn begin(&self, kind: StepKind, name: &str, granted: Duration) {
+        lock(&self.inner.state).current = Some((kind, name.to_string(), granted, Instant::now()));
+    }
+
+    fn finish(&self, step: StepReport) {
+        let mut state = lock(&self.inner.state);
+        state.current = None;
+        state.done.push(step);
+    }
+
+    async fn run_step(&self, kind: StepKind, step: Step, granted: Duration) {
+        let Step { name, run, .. } = step;
+        if granted.is_zero() {
+            self.finish(StepReport {
+                kind,
+                name,
+                status: StepStatus::Skipped,
+                granted,
+                elapsed: Duration::ZERO,
+                abandoned: vec!["not run: no budget left".to_string()],
+            });
+            return;
+        }
+        self.begin(kind, &name, granted);
+        let started = Instant::now();
+        let deadline = started + granted;
+        let token = CancellationToken::new();
+        let abandoned = Arc::new(Mutex::new(Vec::new()));
+        let ctx = PhaseContext {
+            name: name.clone(),
+            deadline,
+            token: token.clone(),
+            abandoned: Arc::clone(&abandoned),
+        };
+        tracing::debug!(step = %name, %kind, ?granted, "shutdown step started");
+        let mut task = taskweave_supervise::spawn(name.clone(), run(ctx));
+        let status = tokio::select! {
+            finished = &mut task => match finished {
+                Ok(()) => StepStatus::Completed,
+                Err(TaskError::Panicked(panic)) => StepStatus::Panicked(panic),
+                Err(_aborted) => StepStatus::TimedOut,
+            },
+            () = tokio::time::sleep_until(deadline) => {
+                token.cancel();
+                // One scheduling round for the step to see its token (and record what it
+                // abandons), then it is stopped.
+                tokio::task::yield_now().await;
+                task.abort();
+                lock(&abandoned).push("cut off at its deadline".to_string());
+                StepStatus::TimedOut
+            }
+        };
+        let abandoned = std::mem::take(&mut *lock(&abandoned));
+        self.finish(StepReport {
+            kind,
+            name,
+            status,
+            granted,
+            elapsed: Instant::now().saturating_duration_since(started),
+            abandoned,
+        });
+    }
+
+    async fn wait_for_critical_sections(&self, hard_deadline: Instant) {
+        let started = Instant::now();
+        let granted = hard_deadline.saturating_duration_since(started);
+        let name = "critical sections";
+        self.begin(StepKind::CriticalSections, name, granted);
+        let open = loop {
+            let closed = self.inner.critical_closed.notified();
+            let mut closed = std::pin::pin!(closed);
+            closed.as_mut().enable();
+            let open: Vec<String> = lock(&self.inner.state).critical.values().cloned().collect();
+            if open.is_empty() {
+                break open;
+            }
+            tokio::select! {
+                () = closed => {}
+                () = tokio::time::sleep_until(hard_deadline) => break open,
+            }
+        };
+        let status = if open.is_empty() {
+            StepStatus::Completed
+        } else {
+            StepStatus::TimedOut
+        };
+        self.finish(StepReport {
+            kind: StepKind::CriticalSections,
+            name: name.to_string(),
+            status,
+            granted,
+            elapsed: Instant::now().saturating_duration_since(started),
+            abandoned: open
+                .into_iter()
+                .map(|name| format!("still open at the hard deadline: {name}"))
+                .collect(),
+        });
+    }
+}
+
+impl fmt::Debug for Shutdown {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let state = lock(&self.inner.state);
+        f.debug_struct("Shutdown")
+            .field("budget", &self.inner.budget)
+            .field("trigger", &state.trigger)
+            .field("phases", &state.phases.len())
+            .field("resources", &state.resources.len())
+            .field("critical_sections", &state.critical.len())
+            .finish_non_exhaustive()
+    }
+}
+
+/// A phase's (or a resource's) view of the shutdown: its deadline, a token cancelled when
+/// the deadline passes, and a place to report what it abandoned.
+pub struct PhaseContext {
+    name: String,
+    deadline: Instant,
+    token: CancellationToken,
+    abandoned: Arc<Mutex<Vec<String>>>,
+}
+
+impl PhaseContext {
+    /// The step's name.
+    #[must_use]
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// When the step's grant runs out (tokio's clock).
+    #[must_use]
+    pub fn deadline(&self) -> Instant {
+        self.deadline
+    }
+
+    /// The time left until [`deadline`](Self::deadline): pass it to a drain that takes a
+    /// timeout, such as `WorkerPool::close_within`.
+    #[must_use]
+    pub fn remaining(&self) -> Duration {
+        self.deadline.saturating_duration_since(Instant::now())
+    }
+
+    /// Cancelled when the deadline passes; the step's task gets one scheduling round to
+    /// notice (and [`abandon`](Self::abandon) what it leaves), then it is stopped.
+    #[must_use]
+    pub fn token(&self) -> &CancellationToken {
+        &self.token
+    }
+
+    /// Records something the step leaves undone (jobs handed back, messages not flushed),
+    /// for the report.
+    pub fn abandon(&self, what: impl Into<String>) {
+        lock(&self.abandoned).push(what.into());
+    }
+}
+
+impl fmt::Debug for PhaseContext {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PhaseContext")
+            .field("name", &self.name)
+            .field("remaining", &self.remaining())
+            .finish_non_exhaustive()
+    }
+}
+
+/// An open critical section; see [`Shutdown::critical_section`]. It ends when dropped.
+pub struct CriticalSection {
+    inner: Arc<Inner>,
+    id: u64,
+}
+
+impl Drop for CriticalSection {
+    fn drop(&mut self) {
+        lock(&self.inner.state).critical.remove(&self.id);
+        self.inner.critical_closed.notify_waiters();
+    }
+}
+
+impl fmt::Debug for CriticalSection {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CriticalSection")
+            .field("id", &self.id)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Locks, ignoring poisoning: the state stays consistent (every update is one assignment).
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
