@@ -61,6 +61,7 @@ where
         input_ended: false,
         gaps_reported: false,
         done: false,
+        cancelled: false,
     }
 }
 
@@ -80,10 +81,18 @@ pin_project! {
         input_ended: bool,
         gaps_reported: bool,
         done: bool,
+        cancelled: bool,
     }
 }
 
 impl<S, T> Reorder<S, T> {
+    /// `true` when the stream ended because the token was cancelled (what was buffered is
+    /// left in [`buffer`](Self::buffer)), not because the input ended.
+    #[must_use]
+    pub fn was_cancelled(&self) -> bool {
+        self.cancelled
+    }
+
     /// The buffer: its next index, what it holds.
     #[must_use]
     pub fn buffer(&self) -> &ReorderBuffer<T> {
@@ -105,6 +114,7 @@ where
             }
             if this.watch.is_cancelled() {
                 *this.done = true;
+                *this.cancelled = true;
                 return Poll::Ready(None);
             }
             if let Some(value) = this.buffer.pop() {
@@ -131,6 +141,7 @@ where
                     this.watch.register(cx.waker());
                     if this.watch.is_cancelled() {
                         *this.done = true;
+                        *this.cancelled = true;
                         return Poll::Ready(None);
                     }
                     return Poll::Pending;

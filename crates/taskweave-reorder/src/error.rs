@@ -8,7 +8,7 @@ use std::fmt;
 #[derive(Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum PushError<T> {
-    /// The index is already buffered, or was already taken out.
+    /// The index is already buffered, or was already taken out (or skipped).
     Duplicate {
         /// The index pushed twice.
         index: u64,
@@ -63,7 +63,12 @@ impl<T> fmt::Debug for PushError<T> {
 impl<T> fmt::Display for PushError<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            PushError::Duplicate { index, .. } => write!(f, "duplicate index {index}"),
+            PushError::Duplicate { index, .. } => {
+                write!(
+                    f,
+                    "duplicate index {index} (buffered, taken or skipped already)"
+                )
+            }
             PushError::BeyondWindow { index, next, .. } => {
                 write!(f, "index {index} is beyond the window (next is {next})")
             }
@@ -91,7 +96,10 @@ impl MissingIndices {
 
 impl fmt::Display for MissingIndices {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{} indices never arrived: ", self.indices.len())?;
+        match self.indices.len() {
+            1 => f.write_str("1 index never arrived: ")?,
+            n => write!(f, "{n} indices never arrived: ")?,
+        }
         for (i, index) in self.indices.iter().take(10).enumerate() {
             if i > 0 {
                 f.write_str(", ")?;

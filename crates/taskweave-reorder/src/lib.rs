@@ -4,7 +4,11 @@
 //!   index beyond the window is refused and handed back (so a producer holds it instead of
 //!   the buffer growing without bound), a duplicate is an error, and gaps left at the end
 //!   are reported.
-//! - [`reorder`]: the same as a stream adapter over `(index, value)` items.
+//! - [`reorder`]: the same as a stream adapter over `(index, value)` items. One stream
+//!   cannot be held back usefully (a missing index could only arrive later on that same
+//!   stream, so waiting would hang): an index beyond the window is yielded as an error with
+//!   its value instead. Producers that can wait get the window's backpressure from
+//!   [`ReorderBuffer::push`] (the item is handed back) or from [`map_ordered`].
 //! - [`map_ordered`]: a parallel map whose calls run on spawned tasks, `concurrency` at a
 //!   time, with results yielded in input order; a panic becomes an error at its item's place.
 //!

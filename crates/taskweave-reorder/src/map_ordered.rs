@@ -155,6 +155,7 @@ where
         permits,
         watch: TokenWatch::new(&token),
         ended: false,
+        cancelled: false,
         _stop_on_drop: token.drop_guard(),
     }
 }
@@ -172,11 +173,19 @@ pub struct MapOrdered<R> {
     permits: Arc<Semaphore>,
     watch: TokenWatch,
     ended: bool,
-    // Dropping the output stops the feeder and the workers.
+    cancelled: bool,
+    // Dropping the output stops the workers.
     _stop_on_drop: DropGuard,
 }
 
 impl<R> MapOrdered<R> {
+    /// `true` when the output ended because the token was cancelled (results still in
+    /// flight were dropped), not because every result was yielded.
+    #[must_use]
+    pub fn was_cancelled(&self) -> bool {
+        self.cancelled
+    }
+
     /// Finished results waiting for an earlier one.
     #[must_use]
     pub fn waiting(&self) -> usize {
@@ -198,6 +207,7 @@ impl<R> Stream for MapOrdered<R> {
             }
             if this.watch.is_cancelled() {
                 this.ended = true;
+                this.cancelled = true;
                 return Poll::Ready(None);
             }
             if let Some(result) = this.buffer.pop() {
@@ -206,7 +216,7 @@ impl<R> Stream for MapOrdered<R> {
             }
             match this.done.as_mut().poll_next(cx) {
                 Poll::Ready(Some((index, result))) => {
-                    // Within the window by construction: the feeder holds a permit for
+                    // Within the window by construction: the workers hold a permit for
                     // every index between the consumer's next one and this one.
                     if let Err(refused) = this.buffer.push(index, result) {
                         unreachable!("map_ordered: result outside the window: {refused}");
@@ -221,6 +231,7 @@ impl<R> Stream for MapOrdered<R> {
                     this.watch.register(cx.waker());
                     if this.watch.is_cancelled() {
                         this.ended = true;
+                        this.cancelled = true;
                         return Poll::Ready(None);
                     }
                     return Poll::Pending;

@@ -79,12 +79,15 @@ where
 ///   lockstep output has taken this one into its buffer, so the slowest lockstep consumer
 ///   sets the pace (and the other outputs see no new values meanwhile).
 /// - [`Policy::DropOldest`]: never waits; a full buffer drops its oldest value, counted in
-///   [`TeeOutput::lagged`].
+///   [`TeeOutput::lagged`]. (On a multi-thread runtime, a consumer that takes a value at the
+///   same instant can make it drop one value more than strictly needed; every drop is
+///   counted.)
 /// - [`Policy::Disconnect`]: never waits; a full buffer disconnects the output (it yields
 ///   what it holds, then ends; [`TeeOutput::is_disconnected`]).
 ///
-/// A dropped output is noticed at its next value (or at once, while the task waits on it)
-/// and skipped from then on: it never stalls the others. The task stops and every output
+/// Each value goes to the outputs that never wait first, then to the lockstep ones. A dropped
+/// output is noticed at its next value (or at once, while the task waits on it) and skipped
+/// from then on: it never stalls the others. The task stops and every output
 /// ends (after its buffered values) when the input ends, when `token` is cancelled, when
 /// every output was dropped or disconnected, or when the input or `T::clone` panics (logged,
 /// and readable with [`TeeOutput::panic`]).
@@ -112,7 +115,8 @@ where
 ///
 /// # Panics
 ///
-/// Panics if `policies` is empty, or when called outside a tokio runtime.
+/// Panics if `policies` is empty or one has a zero capacity, or when called outside a tokio
+/// runtime.
 pub fn tee_with<S, P>(token: CancellationToken, input: S, policies: P) -> Vec<TeeOutput<S::Item>>
 where
     S: Stream + Send + 'static,
@@ -123,6 +127,10 @@ where
     assert!(
         !policies.is_empty(),
         "tee_with: at least one output is needed"
+    );
+    assert!(
+        policies.iter().all(|policy| policy.capacity() > 0),
+        "tee: an output's capacity must be greater than zero"
     );
     let token = token.child_token();
     let shared = Arc::new(TeeShared {
@@ -174,6 +182,10 @@ struct Slot<T> {
 }
 
 impl<T> Slot<T> {
+    fn waits(&self) -> bool {
+        matches!(self.state.policy, Policy::Lockstep { .. })
+    }
+
     fn is_live(&self) -> bool {
         !self.tx.is_closed()
     }
@@ -229,26 +241,40 @@ where
         let Some(last) = slots.len().checked_sub(1) else {
             return; // every output is gone
         };
+        // The outputs that never wait first, so that a full lockstep output does not hold
+        // back a drop-oldest or disconnect one; then the lockstep ones, in order.
+        let order = slots
+            .iter()
+            .enumerate()
+            .filter(|(_, slot)| !slot.waits())
+            .chain(slots.iter().enumerate().filter(|(_, slot)| slot.waits()))
+            .map(|(k, _)| k);
         let mut value = Some(value);
-        for (k, slot) in slots.iter().enumerate() {
-            let item = if k == last {
+        for (n, k) in order.enumerate() {
+            let slot = &slots[k];
+            let item = if n == last {
                 value.take().expect("moved into the last output only")
             } else {
                 value.as_ref().expect("still here").clone()
             };
-            match slot.state.policy {
-                Policy::Lockstep { .. } => {
-                    // An error means its consumer is gone: it is dropped at the next value.
-                    if watch
-                        .run_until_cancelled(slot.tx.send(item))
-                        .await
-                        .is_none()
-                    {
-                        return;
-                    }
+            if slot.waits() {
+                // An error means its consumer is gone: it is dropped below.
+                if watch
+                    .run_until_cancelled(slot.tx.send(item))
+                    .await
+                    .is_none()
+                {
+                    return;
                 }
-                Policy::DropOldest { .. } | Policy::Disconnect { .. } => slot.offer(item),
+            } else {
+                slot.offer(item);
             }
+        }
+        // Outputs disconnected or dropped just now: when none is left, stop at once rather
+        // than at the next value.
+        slots.retain(Slot::is_live);
+        if slots.is_empty() {
+            return;
         }
         // One unit of tokio's cooperative budget per value (async-channel takes none), so
         // that a tee over an always-ready input with non-waiting outputs lets others run.

@@ -53,7 +53,10 @@ fn a_duplicate_is_refused_whether_buffered_or_already_taken() {
     buffer.push(2, "two").unwrap();
     let again = buffer.push(2, "again").unwrap_err();
     assert!(matches!(again, PushError::Duplicate { index: 2, .. }));
-    assert_eq!(again.to_string(), "duplicate index 2");
+    assert_eq!(
+        again.to_string(),
+        "duplicate index 2 (buffered, taken or skipped already)"
+    );
     assert_eq!(buffer.pop(), Some("first"));
     let taken = buffer.push(0, "late").unwrap_err();
     assert_eq!(taken.into_inner(), "late");

@@ -133,6 +133,7 @@ async fn a_panic_becomes_an_error_in_its_place_and_the_rest_goes_on() {
 
 #[tokio::test]
 async fn a_panicking_input_ends_the_output_with_an_error_at_its_place() {
+    let baseline = alive_tasks();
     let input = futures::stream::iter(0..5_u32).map(|n| {
         assert!(n < 3, "input broke at {n}");
         n
@@ -148,6 +149,7 @@ async fn a_panicking_input_ends_the_output_with_an_error_at_its_place() {
             .all(|(i, r)| r.as_ref().ok() == Some(&(i as u32)))
     );
     assert_eq!(out[3].as_ref().unwrap_err().message(), "input broke at 3");
+    assert_no_leaked_tasks(baseline).await;
 }
 
 #[tokio::test(start_paused = true)]
@@ -166,6 +168,7 @@ async fn cancel_ends_the_output_at_once_and_stops_every_task() {
     assert_eq!(out.next().await.map(Result::unwrap), Some(0));
     token.cancel();
     assert!(out.next().await.is_none());
+    assert!(out.was_cancelled());
     assert_no_leaked_tasks(baseline).await;
 }
 
@@ -202,9 +205,11 @@ async fn zero_concurrency_panics() {
 }
 
 proptest! {
+    /// Random call delays and a consumer that sometimes waits: the window fills, permits are
+    /// reused, and the order holds.
     #[test]
     fn order_is_kept_under_random_delays(
-        delays in proptest::collection::vec(0_u64..50, 0..60),
+        delays in proptest::collection::vec((0_u64..50, 0_u64..30), 0..60),
         concurrency in 1_usize..6,
     ) {
         let runtime = tokio::runtime::Builder::new_current_thread()
@@ -213,16 +218,23 @@ proptest! {
             .build()
             .unwrap();
         let expected: Vec<usize> = (0..delays.len()).collect();
-        let input = futures::stream::iter(delays.into_iter().enumerate());
-        let out: Vec<usize> = runtime.block_on(async move {
-            map_ordered(CancellationToken::new(), input, concurrency, |(i, ms)| async move {
-                tokio::time::sleep(Duration::from_millis(ms)).await;
-                i
-            })
-            .map(Result::unwrap)
-            .collect()
-            .await
+        let consumer_waits: Vec<u64> = delays.iter().map(|&(_, wait)| wait).collect();
+        let input = futures::stream::iter(delays.into_iter().map(|(call, _)| call).enumerate());
+        let (out, cancelled) = runtime.block_on(async move {
+            let mut results =
+                map_ordered(CancellationToken::new(), input, concurrency, |(i, ms)| async move {
+                    tokio::time::sleep(Duration::from_millis(ms)).await;
+                    i
+                });
+            let mut out = Vec::new();
+            while let Some(result) = results.next().await {
+                let i = result.unwrap();
+                tokio::time::sleep(Duration::from_millis(consumer_waits[i])).await;
+                out.push(i);
+            }
+            (out, results.was_cancelled())
         });
         prop_assert_eq!(out, expected);
+        prop_assert!(!cancelled);
     }
 }

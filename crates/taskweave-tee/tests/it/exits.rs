@@ -4,7 +4,10 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use futures::stream::FusedStream;
-use taskweave_tee::{tee, tee_n};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use taskweave_tee::{Policy, tee, tee_n, tee_with};
 use tokio_util::sync::CancellationToken;
 
 use crate::{alive_tasks, assert_no_leaked_tasks};
@@ -61,5 +64,50 @@ async fn a_panicking_input_ends_every_output_and_says_why() {
         left.panic().expect("reported").message(),
         "input broke at 2"
     );
+    assert_no_leaked_tasks(baseline).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn outputs_that_are_all_disconnected_stop_the_tee_even_while_held() {
+    let baseline = alive_tasks();
+    let mut outputs = tee_with(
+        CancellationToken::new(),
+        futures::stream::iter(0..).then(|n| async move {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            n
+        }),
+        [Policy::disconnect(2), Policy::disconnect(3)],
+    );
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    // Both outputs were cut off; the tee stopped without waiting for another value.
+    assert_no_leaked_tasks(baseline).await;
+    for output in &outputs {
+        assert!(output.is_disconnected());
+    }
+    assert_eq!(outputs[0].by_ref().count().await, 2);
+    assert_eq!(outputs[1].by_ref().count().await, 3);
+}
+
+/// Panics on its third clone.
+#[derive(Debug)]
+struct Fragile(Arc<AtomicUsize>);
+
+impl Clone for Fragile {
+    fn clone(&self) -> Self {
+        let n = self.0.fetch_add(1, Ordering::SeqCst) + 1;
+        assert!(n < 3, "clone {n} failed");
+        Fragile(Arc::clone(&self.0))
+    }
+}
+
+#[tokio::test]
+async fn a_panicking_clone_ends_every_output_and_says_why() {
+    let baseline = alive_tasks();
+    let clones = Arc::new(AtomicUsize::new(0));
+    let values: Vec<Fragile> = (0..5).map(|_| Fragile(Arc::clone(&clones))).collect();
+    let (left, right) = tee(CancellationToken::new(), futures::stream::iter(values));
+    let (left_got, right_got) = tokio::join!(left.count(), right.count());
+    // Values 0 and 1 went out (one clone each); the clone for value 2 panicked.
+    assert_eq!((left_got, right_got), (2, 2));
     assert_no_leaked_tasks(baseline).await;
 }

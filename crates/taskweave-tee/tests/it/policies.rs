@@ -68,7 +68,7 @@ async fn a_drop_oldest_output_keeps_the_newest_and_counts_what_it_dropped() {
     );
     assert_eq!(lagging.lagged(), 47);
     assert!(!lagging.is_disconnected());
-    assert_eq!(lagging.policy(), Policy::DropOldest { capacity: 3 });
+    assert_eq!(lagging.policy(), Policy::drop_oldest(3));
     assert_eq!(lagging.collect::<Vec<_>>().await, [47, 48, 49]);
 }
 
@@ -105,9 +105,21 @@ async fn a_dropped_output_never_stalls_the_others() {
     assert_eq!(second.await.unwrap().len(), 1_000);
 }
 
+/// Counts its clones, to see which outputs the tee still feeds.
+#[derive(Debug)]
+struct Counted(u32, Arc<AtomicUsize>);
+
+impl Clone for Counted {
+    fn clone(&self) -> Self {
+        self.1.fetch_add(1, Ordering::SeqCst);
+        Counted(self.0, Arc::clone(&self.1))
+    }
+}
+
 #[tokio::test(start_paused = true)]
-async fn a_dropped_drop_oldest_output_is_noticed_too() {
-    let (tx, rx) = tokio::sync::mpsc::channel::<u32>(1);
+async fn a_dropped_drop_oldest_output_is_noticed_and_no_longer_fed() {
+    let clones = Arc::new(AtomicUsize::new(0));
+    let (tx, rx) = tokio::sync::mpsc::channel::<Counted>(1);
     let input =
         futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|v| (v, rx)) });
     let mut outputs = tee_with(
@@ -115,12 +127,44 @@ async fn a_dropped_drop_oldest_output_is_noticed_too() {
         input,
         [Policy::lockstep(8), Policy::drop_oldest(1)],
     );
-    drop(outputs.pop());
-    let mut kept = outputs.pop().unwrap();
-    tx.send(1).await.unwrap();
-    assert_eq!(kept.next().await, Some(1));
+    let mut kept = outputs.remove(0);
+    tx.send(Counted(1, Arc::clone(&clones))).await.unwrap();
+    assert_eq!(kept.next().await.map(|c| c.0), Some(1));
+    assert_eq!(
+        clones.load(Ordering::SeqCst),
+        1,
+        "one clone while both are live"
+    );
+    drop(outputs); // the drop-oldest output, whose channel the tee itself keeps open
+    for n in 2..=4 {
+        tx.send(Counted(n, Arc::clone(&clones))).await.unwrap();
+        assert_eq!(kept.next().await.map(|c| c.0), Some(n));
+    }
+    assert_eq!(
+        clones.load(Ordering::SeqCst),
+        1,
+        "no clone for an output that is gone"
+    );
     drop(tx);
-    assert_eq!(kept.next().await, None);
+    assert!(kept.next().await.is_none());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_full_lockstep_output_does_not_hold_back_the_outputs_that_never_wait() {
+    let mut outputs = tee_with(
+        CancellationToken::new(),
+        futures::stream::iter(0..10),
+        [Policy::lockstep(1), Policy::drop_oldest(2)],
+    );
+    let mut live = outputs.pop().unwrap();
+    let _unread = outputs.pop().unwrap();
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    // The lockstep output holds 0 and the tee waits with 1: the drop-oldest one got 1 too.
+    let first_two = tokio::time::timeout(
+        Duration::from_secs(1),
+        (&mut live).take(2).collect::<Vec<_>>(),
+    );
+    assert_eq!(first_two.await.expect("not held back"), [0, 1]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -154,6 +198,16 @@ async fn tee_gives_two_lockstep_outputs() {
 #[should_panic(expected = "tee: an output's capacity must be greater than zero")]
 fn a_zero_capacity_panics() {
     let _ = Policy::drop_oldest(0);
+}
+
+#[tokio::test]
+#[should_panic(expected = "tee: an output's capacity must be greater than zero")]
+async fn a_zero_capacity_written_out_panics_too() {
+    let _ = tee_with(
+        CancellationToken::new(),
+        futures::stream::iter([1]),
+        [Policy::Lockstep { capacity: 0 }],
+    );
 }
 
 #[tokio::test]
