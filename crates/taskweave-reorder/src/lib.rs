@@ -4,6 +4,9 @@
 //!   index beyond the window is refused and handed back (so a producer holds it instead of
 //!   the buffer growing without bound), a duplicate is an error, and gaps left at the end
 //!   are reported.
+//! - [`reorder_channel`]: the buffer between tasks. Producers `send(index, value).await`
+//!   and are held back while the index is beyond the window (backpressure); the receiver is
+//!   a stream of the values in index order, with the gaps reported when the producers are gone.
 //! - [`reorder`]: the same as a stream adapter over `(index, value)` items. One stream
 //!   cannot be held back usefully (a missing index could only arrive later on that same
 //!   stream, so waiting would hang): an index beyond the window is yielded as an error with
@@ -32,10 +35,12 @@
 
 mod adapter;
 mod buffer;
+mod channel;
 mod error;
 mod map_ordered;
 
 pub use adapter::{Reorder, reorder};
 pub use buffer::ReorderBuffer;
+pub use channel::{ReorderReceiver, ReorderSender, SendError, reorder_channel};
 pub use error::{MissingIndices, PushError, ReorderError};
 pub use map_ordered::{MapOrdered, map_ordered};

@@ -1,0 +1,309 @@
+//! `reorder_channel`: producers push `(index, value)`, held back while the index is beyond
+//! the window; the receiver yields values in index order.
+
+use std::fmt;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Context, Poll};
+
+use futures::Stream;
+use futures::stream::FusedStream;
+use futures::task::AtomicWaker;
+use tokio::sync::Notify;
+
+use crate::{MissingIndices, PushError, ReorderBuffer};
+
+/// A reorder buffer between tasks: any number of producers [`send`](ReorderSender::send)
+/// `(index, value)` in any order, and one [`ReorderReceiver`] yields the values in index order
+/// (indices from 0).
+///
+/// This is where the window's backpressure belongs: a `send` whose index is at or beyond
+/// `next + window` waits (the producer is held back) until the receiver has taken enough
+/// values for it to fit. It cannot deadlock the way holding back a single stream would: the
+/// index the receiver waits for comes from another producer, which is never held back (that
+/// index always fits).
+///
+/// # Examples
+///
+/// ```
+/// use futures::StreamExt;
+/// use taskweave_reorder::reorder_channel;
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// let (tx, rx) = reorder_channel(2);
+/// for index in [2_u64, 0, 1] {
+///     let tx = tx.clone();
+///     // Index 2 waits until index 0 is taken out: the window holds 2 entries.
+///     tokio::spawn(async move { tx.send(index, index * 10).await.unwrap() });
+/// }
+/// drop(tx);
+/// let values: Vec<u64> = rx.map(Result::unwrap).collect().await;
+/// assert_eq!(values, [0, 10, 20]);
+/// # }
+/// ```
+///
+/// # Panics
+///
+/// Panics if `window` is zero.
+pub fn reorder_channel<T>(window: usize) -> (ReorderSender<T>, ReorderReceiver<T>) {
+    let shared = Arc::new(Shared {
+        state: Mutex::new(State {
+            buffer: ReorderBuffer::new(window),
+            senders: 1,
+            receiver_alive: true,
+            gaps_reported: false,
+        }),
+        moved_on: Notify::new(),
+        receiver: AtomicWaker::new(),
+    });
+    (
+        ReorderSender {
+            shared: Arc::clone(&shared),
+        },
+        ReorderReceiver {
+            shared,
+            done: false,
+        },
+    )
+}
+
+struct Shared<T> {
+    state: Mutex<State<T>>,
+    // Notified when the window moves on (or the receiver is gone): held-back senders retry.
+    moved_on: Notify,
+    receiver: AtomicWaker,
+}
+
+struct State<T> {
+    buffer: ReorderBuffer<T>,
+    senders: usize,
+    receiver_alive: bool,
+    gaps_reported: bool,
+}
+
+impl<T> Shared<T> {
+    fn lock(&self) -> MutexGuard<'_, State<T>> {
+        // Every update is complete before the lock is released: poisoning is harmless.
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+/// Why [`ReorderSender::send`] gave a value back.
+#[derive(Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum SendError<T> {
+    /// The index was sent before (or already skipped).
+    Duplicate {
+        /// The index sent twice.
+        index: u64,
+        /// The refused value.
+        value: T,
+    },
+    /// The receiver was dropped.
+    Closed(T),
+}
+
+impl<T> SendError<T> {
+    /// The value that was not sent.
+    pub fn into_inner(self) -> T {
+        match self {
+            SendError::Duplicate { value, .. } | SendError::Closed(value) => value,
+        }
+    }
+}
+
+impl<T> fmt::Debug for SendError<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SendError::Duplicate { index, .. } => f
+                .debug_struct("Duplicate")
+                .field("index", index)
+                .finish_non_exhaustive(),
+            SendError::Closed(_) => f.write_str("Closed(..)"),
+        }
+    }
+}
+
+impl<T> fmt::Display for SendError<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SendError::Duplicate { index, .. } => write!(f, "index {index} was sent already"),
+            SendError::Closed(_) => f.write_str("the reorder receiver is gone"),
+        }
+    }
+}
+
+impl<T> std::error::Error for SendError<T> {}
+
+/// The sending half of a [`reorder_channel`]; clone it for each producer.
+pub struct ReorderSender<T> {
+    shared: Arc<Shared<T>>,
+}
+
+impl<T> ReorderSender<T> {
+    /// Sends `value` at `index`, waiting while `index` is beyond the window.
+    ///
+    /// # Errors
+    ///
+    /// [`SendError::Duplicate`] when `index` was sent before; [`SendError::Closed`] when the
+    /// receiver was dropped (also while waiting). The value comes back in both.
+    ///
+    /// # Cancel safety
+    ///
+    /// Not cancel safe for the value: dropping the future while it waits drops `value`, and
+    /// its index then stays missing.
+    pub async fn send(&self, index: u64, value: T) -> Result<(), SendError<T>> {
+        let mut value = value;
+        loop {
+            // Registered before the attempt: a move of the window in between is not missed.
+            let moved_on = self.shared.moved_on.notified();
+            let mut moved_on = std::pin::pin!(moved_on);
+            moved_on.as_mut().enable();
+            {
+                let mut state = self.shared.lock();
+                if !state.receiver_alive {
+                    return Err(SendError::Closed(value));
+                }
+                match state.buffer.push(index, value) {
+                    Ok(()) => {
+                        drop(state);
+                        self.shared.receiver.wake();
+                        return Ok(());
+                    }
+                    Err(PushError::Duplicate { index, value }) => {
+                        return Err(SendError::Duplicate { index, value });
+                    }
+                    Err(PushError::BeyondWindow { value: back, .. }) => value = back,
+                }
+            }
+            moved_on.await;
+        }
+    }
+}
+
+impl<T> Clone for ReorderSender<T> {
+    fn clone(&self) -> Self {
+        self.shared.lock().senders += 1;
+        ReorderSender {
+            shared: Arc::clone(&self.shared),
+        }
+    }
+}
+
+impl<T> Drop for ReorderSender<T> {
+    fn drop(&mut self) {
+        let last = {
+            let mut state = self.shared.lock();
+            state.senders -= 1;
+            state.senders == 0
+        };
+        if last {
+            self.shared.receiver.wake();
+        }
+    }
+}
+
+impl<T> fmt::Debug for ReorderSender<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let state = self.shared.lock();
+        f.debug_struct("ReorderSender")
+            .field("buffer", &state.buffer)
+            .field("senders", &state.senders)
+            .finish()
+    }
+}
+
+/// The receiving half of a [`reorder_channel`]: a stream of the values in index order.
+///
+/// - Yields `Ok(value)` as soon as the next index has arrived.
+/// - When every sender is gone with gaps left, yields one `Err(MissingIndices)` listing them,
+///   then the values buffered after the gaps, in order; then it ends.
+/// - Dropping it makes every `send` fail with [`SendError::Closed`].
+///
+/// # Cancel safety
+///
+/// Reading with `StreamExt::next` is cancel safe: a dropped `next()` loses no value.
+#[must_use = "streams do nothing unless polled"]
+pub struct ReorderReceiver<T> {
+    shared: Arc<Shared<T>>,
+    done: bool,
+}
+
+impl<T> ReorderReceiver<T> {
+    /// Values waiting for an earlier index.
+    #[must_use]
+    pub fn waiting(&self) -> usize {
+        self.shared.lock().buffer.len()
+    }
+
+    /// The index the receiver waits for.
+    #[must_use]
+    pub fn next_index(&self) -> u64 {
+        self.shared.lock().buffer.next_index()
+    }
+}
+
+impl<T> Stream for ReorderReceiver<T> {
+    type Item = Result<T, MissingIndices>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        if self.done {
+            return Poll::Ready(None);
+        }
+        let shared = Arc::clone(&self.shared);
+        // Registered before looking: a push after the look wakes us.
+        shared.receiver.register(cx.waker());
+        let mut state = shared.lock();
+        loop {
+            if let Some(value) = state.buffer.pop() {
+                drop(state);
+                shared.moved_on.notify_waiters();
+                return Poll::Ready(Some(Ok(value)));
+            }
+            if state.senders > 0 {
+                return Poll::Pending;
+            }
+            if state.buffer.is_empty() {
+                drop(state);
+                self.done = true;
+                return Poll::Ready(None);
+            }
+            if !state.gaps_reported {
+                state.gaps_reported = true;
+                let missing = state.buffer.finish().err();
+                if let Some(missing) = missing {
+                    return Poll::Ready(Some(Err(missing)));
+                }
+            }
+            // Step over a gap; the values behind it follow.
+            let _ = state.buffer.skip();
+        }
+    }
+}
+
+impl<T> FusedStream for ReorderReceiver<T> {
+    fn is_terminated(&self) -> bool {
+        self.done
+    }
+}
+
+impl<T> Drop for ReorderReceiver<T> {
+    fn drop(&mut self) {
+        self.shared.lock().receiver_alive = false;
+        self.shared.moved_on.notify_waiters();
+    }
+}
+
+impl<T> fmt::Debug for ReorderReceiver<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let state = self.shared.lock();
+        f.debug_struct("ReorderReceiver")
+            .field("buffer", &state.buffer)
+            .field("senders", &state.senders)
+            .field("done", &self.done)
+            .finish()
+    }
+}
