@@ -44,6 +44,7 @@ use taskweave_shutdown::{PhaseContext, Shutdown};
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::AbortOnDropHandle;
 
 struct Config {
     addr: String,
@@ -132,7 +133,11 @@ async fn serve(config: Config) -> ExitCode {
         return ExitCode::FAILURE;
     }
 
-    // Resources, registered as they are opened: they close last, in reverse order.
+    // Resources, registered as they are opened: they close last, in reverse order (the
+    // store first, then the exporter that was opened before it).
+    shutdown.resource("metrics exporter", |_ctx: PhaseContext| async move {
+        println!("metrics exporter: final flush sent");
+    });
     let store: Store = Arc::default();
     let closing = Arc::clone(&store);
     shutdown.resource("order store", move |_ctx: PhaseContext| async move {
@@ -144,14 +149,21 @@ async fn serve(config: Config) -> ExitCode {
     // root token is cancelled at the trigger, while they must keep working during the
     // readiness delay and the HTTP drain.
     let processed = Arc::clone(&store);
+    let commits = shutdown.clone();
     let pool = WorkerPool::new(
         CancellationToken::new(),
         config.workers,
         config.queue,
         move |_ctx: JobContext, job: Job| {
-            let store = Arc::clone(&processed);
+            let (store, commits) = (Arc::clone(&processed), commits.clone());
             async move {
                 tokio::time::sleep(job.work).await;
+                // Recording the order is a critical section: the shutdown waits for it
+                // before the store closes, and refuses new ones once it is closing.
+                let Some(_commit) = commits.critical_section(format!("commit order {}", job.id))
+                else {
+                    return Err(format!("order {}: the store is closing", job.id));
+                };
                 if let Some(order) = store.lock().unwrap().get_mut(&job.id) {
                     order.1 = true;
                 }
@@ -196,11 +208,12 @@ async fn serve(config: Config) -> ExitCode {
     };
     let addr = listener.local_addr().expect("a bound address");
     let stop_accepting = CancellationToken::new();
-    let server = tokio::spawn(
+    // Aborted if its phase is cut off: the server never outlives the drain.
+    let server = AbortOnDropHandle::new(tokio::spawn(
         axum::serve(listener, router)
             .with_graceful_shutdown(stop_accepting.clone().cancelled_owned())
             .into_future(),
-    );
+    ));
     println!("listening on {addr} (pid {})", std::process::id());
     let _ = std::io::stdout().flush();
 
@@ -215,7 +228,11 @@ async fn serve(config: Config) -> ExitCode {
         }
     });
     shutdown.phase("worker pool", move |ctx: PhaseContext| async move {
-        let report = pool.close_within(ctx.remaining()).await;
+        // Drain within the phase's deadline, which leaves it time to report what it handed
+        // back before it would be cut off.
+        let report = pool
+            .close_within(ctx.remaining().max(Duration::from_millis(1)))
+            .await;
         if !report.handed_back.is_empty() {
             ctx.abandon(format!(
                 "{} queued orders handed back",

@@ -4,7 +4,7 @@
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::path::PathBuf;
-use std::process::{Child, ChildStdout, Command, ExitStatus, Stdio};
+use std::process::{Child, Command, ExitStatus, Stdio};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -29,7 +29,9 @@ fn example_binary() -> PathBuf {
 struct Service {
     child: Child,
     addr: String,
-    stdout: BufReader<ChildStdout>,
+    // Read on threads from the start, so that a full pipe never blocks the child.
+    stdout: Option<thread::JoinHandle<String>>,
+    stderr: Option<thread::JoinHandle<String>>,
 }
 
 impl Service {
@@ -44,8 +46,19 @@ impl Service {
             .spawn()
             .expect("the example starts");
         let mut stdout = BufReader::new(child.stdout.take().expect("piped stdout"));
+        let mut stderr = child.stderr.take().expect("piped stderr");
+        let stderr = thread::spawn(move || {
+            let mut text = String::new();
+            let _ = stderr.read_to_string(&mut text);
+            text
+        });
         let mut line = String::new();
         stdout.read_line(&mut line).expect("the first line");
+        let stdout = thread::spawn(move || {
+            let mut text = String::new();
+            let _ = stdout.read_to_string(&mut text);
+            text
+        });
         let addr = line
             .strip_prefix("listening on ")
             .and_then(|rest| rest.split_whitespace().next())
@@ -54,7 +67,8 @@ impl Service {
         Service {
             child,
             addr,
-            stdout,
+            stdout: Some(stdout),
+            stderr: Some(stderr),
         }
     }
 
@@ -66,28 +80,42 @@ impl Service {
         assert!(status.success(), "kill -{name} failed");
     }
 
-    /// Waits for the process to exit (at most `limit`), returning its status, its stdout
-    /// after the first line and its stderr.
+    /// Waits for the process to exit (at most `limit`), returning its status, the time it
+    /// took, its stdout after the first line and its stderr.
     fn wait(mut self, limit: Duration) -> (ExitStatus, Duration, String, String) {
         let started = Instant::now();
         let status = loop {
             if let Some(status) = self.child.try_wait().expect("try_wait") {
                 break status;
             }
-            if started.elapsed() > limit {
-                let _ = self.child.kill();
-                panic!("the service did not exit within {limit:?}");
-            }
+            assert!(
+                started.elapsed() <= limit,
+                "the service did not exit within {limit:?}"
+            );
             thread::sleep(Duration::from_millis(10));
         };
         let elapsed = started.elapsed();
-        let mut out = String::new();
-        self.stdout.read_to_string(&mut out).expect("stdout");
-        let mut err = String::new();
-        if let Some(mut stderr) = self.child.stderr.take() {
-            stderr.read_to_string(&mut err).expect("stderr");
-        }
+        let out = self
+            .stdout
+            .take()
+            .map(|t| t.join().unwrap())
+            .unwrap_or_default();
+        let err = self
+            .stderr
+            .take()
+            .map(|t| t.join().unwrap())
+            .unwrap_or_default();
         (status, elapsed, out, err)
+    }
+}
+
+impl Drop for Service {
+    fn drop(&mut self) {
+        // A test that failed half-way leaves no server behind.
+        if matches!(self.child.try_wait(), Ok(None)) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
     }
 }
 
@@ -192,6 +220,7 @@ fn sigterm_drains_in_flight_requests_and_exits_0_with_the_phases_in_order() {
         "cleaner",
         "critical sections",
         "order store",
+        "metrics exporter",
     ]
     .iter()
     .map(|name| position(&rows, name))
@@ -259,5 +288,33 @@ fn a_hanging_phase_is_cut_off_and_the_process_still_exits_within_the_budget() {
     assert!(
         stdout.contains(r#""name":"stuck exporter","#),
         "the JSON report: {stdout}"
+    );
+}
+
+#[test]
+fn a_full_queue_answers_429_and_the_accepted_orders_still_complete() {
+    let service = Service::start(&["--workers", "1", "--queue", "1", "--delay-ms", "100"]);
+    let addr = service.addr.clone();
+    // One order runs, one waits in the queue; the rest find the queue full.
+    let orders: Vec<_> = (0..4)
+        .map(|_| {
+            let addr = addr.clone();
+            let order = thread::spawn(move || request(&addr, "POST", "/orders?work_ms=600"));
+            thread::sleep(Duration::from_millis(50));
+            order
+        })
+        .collect();
+    let mut statuses: Vec<u16> = orders
+        .into_iter()
+        .map(|o| o.join().unwrap().unwrap().0)
+        .collect();
+    statuses.sort_unstable();
+    assert_eq!(statuses, [200, 200, 429, 429]);
+    service.signal("TERM");
+    let (status, _, stdout, stderr) = service.wait(Duration::from_secs(15));
+    assert_eq!(
+        status.code(),
+        Some(0),
+        "stdout:\n{stdout}\nstderr:\n{stderr}"
     );
 }

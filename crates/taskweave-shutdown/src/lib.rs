@@ -25,8 +25,8 @@
 //! shutdown.phase("http drain", |_ctx| async {
 //!     tokio::time::sleep(Duration::from_secs(1)).await; // in-flight requests finish
 //! });
-//! shutdown.phase("consumer", |ctx| async move {
-//!     ctx.token().cancelled().await; // a consumer that ignores its deadline
+//! shutdown.phase("consumer", |_ctx| async move {
+//!     std::future::pending::<()>().await; // a consumer that never stops
 //! });
 //! shutdown.phase("telemetry flush", |_ctx| async {});
 //!

@@ -75,6 +75,27 @@ impl StepStatus {
     pub fn is_completed(&self) -> bool {
         matches!(self, StepStatus::Completed)
     }
+
+    /// `true` for [`TimedOut`](Self::TimedOut).
+    #[must_use]
+    pub fn is_timed_out(&self) -> bool {
+        matches!(self, StepStatus::TimedOut)
+    }
+
+    /// `true` for [`Skipped`](Self::Skipped).
+    #[must_use]
+    pub fn is_skipped(&self) -> bool {
+        matches!(self, StepStatus::Skipped)
+    }
+
+    /// The panic, for [`Panicked`](Self::Panicked).
+    #[must_use]
+    pub fn panic(&self) -> Option<&PanicError> {
+        match self {
+            StepStatus::Panicked(panic) => Some(panic),
+            _ => None,
+        }
+    }
 }
 
 impl fmt::Display for StepStatus {

@@ -22,6 +22,10 @@ use tokio::runtime::Runtime;
 /// });
 /// assert_eq!(code, 0);
 /// ```
+///
+/// # Panics
+///
+/// Panics when called from inside a runtime (as `Runtime::block_on` does).
 pub fn block_on<F: Future>(runtime: Runtime, timeout: Duration, main: F) -> F::Output {
     let output = runtime.block_on(main);
     runtime.shutdown_timeout(timeout);

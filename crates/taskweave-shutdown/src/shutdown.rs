@@ -43,9 +43,10 @@ struct Step {
 /// 2. **Phases**, in the order they were registered, one at a time. Each gets a deadline: its
 ///    weight's share of the budget still left (resources, when any are registered, count as
 ///    one more share of weight 1), so time a phase does not use rolls forward to the next.
-///    At its deadline a phase's token is cancelled and its task stopped; it is reported as
-///    timed out and the next phase runs with what is left. A panic is caught and reported;
-///    the next phase runs.
+///    90 % into its grant (its [`PhaseContext::deadline`]) its token is cancelled; at the end
+///    of the grant its task is stopped (unless a critical section is open: then it is
+///    waited for until the hard deadline), and it is reported as timed out. The next phase
+///    runs with what is left. A panic is caught and reported; the next phase runs.
 /// 3. **Critical sections** still open ([`critical_section`](Self::critical_section)) are
 ///    waited for, until the hard deadline (the end of the budget): never dropped halfway.
 /// 4. **Resources** ([`resource`](Self::resource)) close in reverse order of registration,
@@ -100,6 +101,10 @@ struct State {
     resources: Vec<Step>,
     critical: BTreeMap<u64, String>,
     next_critical: u64,
+    critical_closed_for_good: bool,
+    listening: bool,
+    signals: u32,
+    ran: bool,
     // Progress, for the report printed when a second signal cuts the shutdown short.
     started: Option<Instant>,
     done: Vec<StepReport>,
@@ -182,6 +187,8 @@ impl Shutdown {
         }
         state.trigger = Some(trigger);
         drop(state);
+        // Not ready at once, even before `run` is polled.
+        self.inner.readiness.set_not_ready();
         self.inner.token.cancel();
         true
     }
@@ -190,12 +197,15 @@ impl Shutdown {
     ///
     /// `f` gets a [`PhaseContext`] with the phase's deadline and a token cancelled when the
     /// deadline passes; it runs on its own task, so a panic is caught and reported.
-    pub fn phase<F, Fut>(&self, name: impl Into<String>, f: F)
+    ///
+    /// Returns `false` (and drops `f`) when the shutdown has started already: a phase must be
+    /// registered before the trigger.
+    pub fn phase<F, Fut>(&self, name: impl Into<String>, f: F) -> bool
     where
         F: FnOnce(PhaseContext) -> Fut + Send + 'static,
         Fut: Future<Output = ()> + Send + 'static,
     {
-        self.phase_weighted(name, 1, f);
+        self.phase_weighted(name, 1, f)
     }
 
     /// Registers a phase with a weight: it is granted `weight` shares of the budget left
@@ -205,7 +215,7 @@ impl Shutdown {
     /// # Panics
     ///
     /// Panics if `weight` is zero.
-    pub fn phase_weighted<F, Fut>(&self, name: impl Into<String>, weight: u32, f: F)
+    pub fn phase_weighted<F, Fut>(&self, name: impl Into<String>, weight: u32, f: F) -> bool
     where
         F: FnOnce(PhaseContext) -> Fut + Send + 'static,
         Fut: Future<Output = ()> + Send + 'static,
@@ -222,15 +232,18 @@ impl Shutdown {
         let mut state = lock(&self.inner.state);
         if state.started.is_some() {
             tracing::warn!(phase = %step.name, "phase registered after the shutdown started: not run");
-            return;
+            return false;
         }
         state.phases.push(step);
+        true
     }
 
     /// Registers a resource to close at the very end, after every phase and critical
     /// section, in reverse order of registration (register as you open: the last opened
     /// closes first).
-    pub fn resource<F, Fut>(&self, name: impl Into<String>, close: F)
+    ///
+    /// Returns `false` (and drops `close`) when the shutdown has started already.
+    pub fn resource<F, Fut>(&self, name: impl Into<String>, close: F) -> bool
     where
         F: FnOnce(PhaseContext) -> Fut + Send + 'static,
         Fut: Future<Output = ()> + Send + 'static,
@@ -243,14 +256,19 @@ impl Shutdown {
         let mut state = lock(&self.inner.state);
         if state.started.is_some() {
             tracing::warn!(resource = %step.name, "resource registered after the shutdown started: not closed");
-            return;
+            return false;
         }
         state.resources.push(step);
+        true
     }
 
     /// Opens a critical section (a database commit, the end of a batch): the shutdown waits
-    /// for it, until the hard deadline, before closing the resources. It ends when the guard
-    /// is dropped.
+    /// for it, until the hard deadline, before closing the resources, and a phase whose task
+    /// holds one is not cut off at the end of its grant while it is open. It ends when the
+    /// guard is dropped.
+    ///
+    /// Returns `None` once the shutdown is past its critical-section wait (the resources are
+    /// closing): do not start the work then.
     ///
     /// # Examples
     ///
@@ -261,7 +279,7 @@ impl Shutdown {
     /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
     /// # async fn main() {
     /// let shutdown = Shutdown::new(CancellationToken::new(), Duration::from_secs(5));
-    /// let commit = shutdown.critical_section("commit batch 42");
+    /// let commit = shutdown.critical_section("commit batch 42").expect("not closing yet");
     /// tokio::spawn(async move {
     ///     tokio::time::sleep(Duration::from_secs(1)).await; // the commit
     ///     drop(commit);
@@ -271,21 +289,25 @@ impl Shutdown {
     /// # }
     /// ```
     #[must_use = "the critical section ends when the guard is dropped"]
-    pub fn critical_section(&self, name: impl Into<String>) -> CriticalSection {
+    pub fn critical_section(&self, name: impl Into<String>) -> Option<CriticalSection> {
         let mut state = lock(&self.inner.state);
+        if state.critical_closed_for_good {
+            return None;
+        }
         let id = state.next_critical;
         state.next_critical += 1;
         state.critical.insert(id, name.into());
-        CriticalSection {
+        Some(CriticalSection {
             inner: Arc::clone(&self.inner),
             id,
-        }
+        })
     }
 
-    /// Listens for SIGINT and SIGTERM (Ctrl-C elsewhere than on Unix) on a task of its own:
-    /// the first one triggers the shutdown; a second one (or a first one after the shutdown
-    /// was triggered otherwise) prints the report so far to stderr, logs it, and exits the
-    /// process at once with code 130 (SIGINT) or 143 (SIGTERM).
+    /// Listens for SIGINT and SIGTERM (Ctrl-C elsewhere than on Unix) on a task of its own,
+    /// which lives until the runtime shuts down: the first signal triggers the shutdown (or
+    /// is logged, when it was triggered already from code); the second prints the report so
+    /// far to stderr, logs it, and exits the process at once with code 130 (SIGINT) or 143
+    /// (SIGTERM). Calling it again does nothing.
     ///
     /// # Errors
     ///
@@ -295,6 +317,13 @@ impl Shutdown {
     ///
     /// Panics when called outside a tokio runtime.
     pub fn listen_for_signals(&self) -> std::io::Result<()> {
+        {
+            let mut state = lock(&self.inner.state);
+            if state.listening {
+                return Ok(());
+            }
+            state.listening = true;
+        }
         let me = self.clone();
         #[cfg(unix)]
         {
@@ -304,8 +333,9 @@ impl Shutdown {
             drop(taskweave_supervise::spawn("shutdown-signals", async move {
                 loop {
                     let (name, code) = tokio::select! {
-                        _ = terminate.recv() => ("SIGTERM", 143),
-                        _ = interrupt.recv() => ("SIGINT", 130),
+                        Some(()) = terminate.recv() => ("SIGTERM", 143),
+                        Some(()) = interrupt.recv() => ("SIGINT", 130),
+                        else => return, // the signal driver is gone
                     };
                     me.on_signal(name, code);
                 }
@@ -323,11 +353,23 @@ impl Shutdown {
     }
 
     fn on_signal(&self, name: &'static str, code: i32) {
-        if self.start(Trigger::Signal(name)) {
-            tracing::info!(
-                signal = name,
-                "shutdown triggered; a second signal exits at once"
-            );
+        let first = {
+            let mut state = lock(&self.inner.state);
+            state.signals += 1;
+            state.signals == 1
+        };
+        if first {
+            if self.start(Trigger::Signal(name)) {
+                tracing::info!(
+                    signal = name,
+                    "shutdown triggered; a second signal exits at once"
+                );
+            } else {
+                tracing::info!(
+                    signal = name,
+                    "already shutting down; a second signal exits at once"
+                );
+            }
             return;
         }
         let report = self.report_so_far();
@@ -365,6 +407,14 @@ impl Shutdown {
 
     /// Triggers the shutdown with `reason` (unless it was triggered already), then
     /// [`run`](Self::run)s it.
+    ///
+    /// # Panics
+    ///
+    /// As [`run`](Self::run).
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`run`](Self::run): not cancel safe.
     pub async fn run_now(&self, reason: impl Into<String>) -> ShutdownReport {
         self.trigger(reason);
         self.run().await
@@ -373,8 +423,9 @@ impl Shutdown {
     /// Waits for the trigger, then runs the shutdown sequence (see the type's docs) and
     /// returns its report. The report is also logged through `tracing`.
     ///
-    /// Run it once: the registered steps are used up by the first run (a second one reports
-    /// no phase).
+    /// # Panics
+    ///
+    /// Panics when called a second time (also on a clone): the sequence runs once.
     ///
     /// # Cancel safety
     ///
@@ -385,6 +436,8 @@ impl Shutdown {
         let started = Instant::now();
         let (phases, resources, trigger) = {
             let mut state = lock(&self.inner.state);
+            assert!(!state.ran, "Shutdown::run: the shutdown runs once");
+            state.ran = true;
             state.started = Some(started);
             state.trigger.get_or_insert(Trigger::TokenCancelled);
             (
@@ -410,7 +463,7 @@ impl Shutdown {
         });
 
         // 2. The phases, sharing the budget.
-        let hard_deadline = Instant::now() + self.inner.budget;
+        let hard_deadline = add(Instant::now(), self.inner.budget);
         let resource_weight = u32::from(!resources.is_empty());
         let mut weights_left = phases.iter().fold(resource_weight, |sum, phase| {
             sum.saturating_add(phase.weight)
@@ -418,8 +471,9 @@ impl Shutdown {
         for phase in phases {
             let remaining = hard_deadline.saturating_duration_since(Instant::now());
             let granted = grant(remaining, phase.weight, weights_left);
-            weights_left -= phase.weight;
-            self.run_step(StepKind::Phase, phase, granted).await;
+            weights_left = weights_left.saturating_sub(phase.weight);
+            self.run_step(StepKind::Phase, phase, granted, hard_deadline)
+                .await;
         }
 
         // 3. Critical sections, until the hard deadline.
@@ -431,7 +485,8 @@ impl Shutdown {
             let remaining = hard_deadline.saturating_duration_since(Instant::now());
             let left = u32::try_from(count - closed).unwrap_or(u32::MAX);
             let granted = grant(remaining, 1, left);
-            self.run_step(StepKind::Resource, resource, granted).await;
+            self.run_step(StepKind::Resource, resource, granted, hard_deadline)
+                .await;
         }
 
         let steps = std::mem::take(&mut lock(&self.inner.state).done);
@@ -456,7 +511,13 @@ impl Shutdown {
         state.done.push(step);
     }
 
-    async fn run_step(&self, kind: StepKind, step: Step, granted: Duration) {
+    async fn run_step(
+        &self,
+        kind: StepKind,
+        step: Step,
+        granted: Duration,
+        hard_deadline: Instant,
+    ) {
         let Step { name, run, .. } = step;
         if granted.is_zero() {
             self.finish(StepReport {
@@ -471,33 +532,52 @@ impl Shutdown {
         }
         self.begin(kind, &name, granted);
         let started = Instant::now();
-        let deadline = started + granted;
+        let cut_off = add(started, granted);
+        // The step is told to wind down at 90 % of its grant; the rest is its time to stop
+        // and report before it is cut off.
+        let soft_deadline = add(started, granted.mul_f64(SOFT_SHARE));
         let token = CancellationToken::new();
         let abandoned = Arc::new(Mutex::new(Vec::new()));
         let ctx = PhaseContext {
             name: name.clone(),
-            deadline,
+            deadline: soft_deadline,
             token: token.clone(),
             abandoned: Arc::clone(&abandoned),
         };
         tracing::debug!(step = %name, %kind, ?granted, "shutdown step started");
-        let mut task = taskweave_supervise::spawn(name.clone(), run(ctx));
-        let status = tokio::select! {
-            finished = &mut task => match finished {
-                Ok(()) => StepStatus::Completed,
-                Err(TaskError::Panicked(panic)) => StepStatus::Panicked(panic),
-                Err(_aborted) => StepStatus::TimedOut,
-            },
-            () = tokio::time::sleep_until(deadline) => {
+        // The closure is called inside the task too: a panic in it is caught like one in
+        // the future it returns.
+        let mut task = taskweave_supervise::spawn(name.clone(), async move { run(ctx).await });
+        let finished = tokio::select! {
+            finished = &mut task => Some(finished),
+            () = tokio::time::sleep_until(soft_deadline) => {
                 token.cancel();
-                // One scheduling round for the step to see its token (and record what it
-                // abandons), then it is stopped.
-                tokio::task::yield_now().await;
+                tokio::select! {
+                    finished = &mut task => Some(finished),
+                    () = tokio::time::sleep_until(cut_off) => None,
+                }
+            }
+        };
+        let finished = match finished {
+            Some(finished) => Some(finished),
+            // A critical section may be open inside this step: it is not cut in half, the
+            // step is waited for until the hard deadline while one is open.
+            None => self.wait_while_critical(&mut task, hard_deadline).await,
+        };
+        let status = match finished {
+            Some(Ok(())) => StepStatus::Completed,
+            Some(Err(TaskError::Panicked(panic))) => StepStatus::Panicked(panic),
+            Some(Err(_aborted)) => StepStatus::TimedOut,
+            None => {
                 task.abort();
                 lock(&abandoned).push("cut off at its deadline".to_string());
                 StepStatus::TimedOut
             }
         };
+        if token.is_cancelled() && matches!(status, StepStatus::Completed) {
+            // It stopped after being told to, within its grant: it overran its deadline.
+            lock(&abandoned).push("finished after its deadline".to_string());
+        }
         let abandoned = std::mem::take(&mut *lock(&abandoned));
         self.finish(StepReport {
             kind,
@@ -507,6 +587,28 @@ impl Shutdown {
             elapsed: Instant::now().saturating_duration_since(started),
             abandoned,
         });
+    }
+
+    /// Waits for `task` while a critical section is open, until the hard deadline; `None`
+    /// when the task is still running then (or no section was open).
+    async fn wait_while_critical(
+        &self,
+        task: &mut taskweave_supervise::TaskHandle<()>,
+        hard_deadline: Instant,
+    ) -> Option<Result<(), TaskError>> {
+        loop {
+            let closed = self.inner.critical_closed.notified();
+            let mut closed = std::pin::pin!(closed);
+            closed.as_mut().enable();
+            if lock(&self.inner.state).critical.is_empty() {
+                return None;
+            }
+            tokio::select! {
+                finished = &mut *task => return Some(finished),
+                () = closed => {}
+                () = tokio::time::sleep_until(hard_deadline) => return None,
+            }
+        }
     }
 
     async fn wait_for_critical_sections(&self, hard_deadline: Instant) {
@@ -527,6 +629,8 @@ impl Shutdown {
                 () = tokio::time::sleep_until(hard_deadline) => break open,
             }
         };
+        // From now on the resources close: no new critical section may start.
+        lock(&self.inner.state).critical_closed_for_good = true;
         let status = if open.is_empty() {
             StepStatus::Completed
         } else {
@@ -575,7 +679,9 @@ impl PhaseContext {
         &self.name
     }
 
-    /// When the step's grant runs out (tokio's clock).
+    /// When the step should be done: 90 % into its grant (tokio's clock). Its token is
+    /// cancelled then; the step is cut off at the end of its grant (later only while a
+    /// critical section is open), so the last 10 % is its time to stop and report.
     #[must_use]
     pub fn deadline(&self) -> Instant {
         self.deadline
@@ -588,8 +694,8 @@ impl PhaseContext {
         self.deadline.saturating_duration_since(Instant::now())
     }
 
-    /// Cancelled when the deadline passes; the step's task gets one scheduling round to
-    /// notice (and [`abandon`](Self::abandon) what it leaves), then it is stopped.
+    /// Cancelled at the [`deadline`](Self::deadline); the step has the rest of its grant to
+    /// notice, [`abandon`](Self::abandon) what it leaves, and return.
     #[must_use]
     pub fn token(&self) -> &CancellationToken {
         &self.token
@@ -630,6 +736,15 @@ impl fmt::Debug for CriticalSection {
             .field("id", &self.id)
             .finish_non_exhaustive()
     }
+}
+
+/// The share of a step's grant after which it is told to wind down.
+const SOFT_SHARE: f64 = 0.9;
+
+/// `at + d`, clamped instead of overflowing for absurd budgets.
+fn add(at: Instant, d: Duration) -> Instant {
+    at.checked_add(d)
+        .unwrap_or_else(|| at + Duration::from_secs(100 * 365 * 24 * 3600))
 }
 
 /// Locks, ignoring poisoning: the state stays consistent (every update is one assignment).

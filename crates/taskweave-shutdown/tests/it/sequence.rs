@@ -67,7 +67,8 @@ async fn an_overrunning_phase_is_cut_off_and_the_next_runs_with_what_remains() {
         std::future::pending::<()>().await; // ignores its token too
     });
     shutdown.phase("flush", |ctx| async move {
-        assert_eq!(ctx.remaining(), secs(5));
+        // All of the 5 s left; told to wind down 90 % in.
+        assert_eq!(ctx.remaining(), Duration::from_millis(4_500));
     });
     let started = Instant::now();
     let report = shutdown.run_now("test").await;
@@ -102,7 +103,7 @@ async fn a_phase_that_uses_the_whole_budget_leaves_the_rest_skipped() {
     assert!(report.step("db").unwrap().status.is_completed());
 
     let shutdown = Shutdown::new(CancellationToken::new(), secs(4));
-    let open = shutdown.critical_section("endless batch");
+    let open = shutdown.critical_section("endless batch").unwrap();
     shutdown.resource("db", |_ctx| async {});
     let report = shutdown.run_now("test").await;
     let critical = report.step("critical sections").unwrap();
@@ -175,7 +176,7 @@ async fn resources_close_last_in_reverse_order_of_opening() {
 async fn a_critical_section_is_waited_for_before_the_resources_close() {
     let events = Arc::new(Mutex::new(Vec::new()));
     let shutdown = Shutdown::new(CancellationToken::new(), secs(10));
-    let commit = shutdown.critical_section("commit");
+    let commit = shutdown.critical_section("commit").unwrap();
     let e = Arc::clone(&events);
     tokio::spawn(async move {
         tokio::time::sleep(secs(3)).await;
@@ -209,10 +210,13 @@ async fn readiness_flips_first_and_the_service_keeps_serving_for_the_delay() {
     });
     let triggered = Instant::now();
     assert!(shutdown.trigger("deploy"));
+    assert!(
+        !readiness.is_ready(),
+        "not ready at once, before `run` is even polled"
+    );
+    assert_eq!(readiness.probe().0, 503);
     assert!(!shutdown.trigger("again"), "only the first trigger counts");
     tokio::time::sleep(secs(1)).await;
-    assert!(!readiness.is_ready(), "not ready at once");
-    assert_eq!(readiness.probe().0, 503);
     assert!(
         phase_started.lock().unwrap().is_none(),
         "still serving during the delay"
@@ -279,4 +283,91 @@ fn a_zero_budget_panics() {
 #[should_panic(expected = "Shutdown::phase_weighted: the weight must be greater than zero")]
 fn a_zero_weight_panics() {
     Shutdown::new(CancellationToken::new(), secs(1)).phase_weighted("x", 0, |_ctx| async {});
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_panic_in_the_closure_itself_is_caught_too() {
+    let shutdown = Shutdown::new(CancellationToken::new(), secs(4));
+    shutdown.phase("eager", |_ctx| -> std::future::Ready<()> {
+        panic!("before any await")
+    });
+    shutdown.phase("after", |_ctx| async {});
+    let report = shutdown.run_now("test").await;
+    assert_eq!(
+        report
+            .step("eager")
+            .unwrap()
+            .status
+            .panic()
+            .unwrap()
+            .message(),
+        "before any await"
+    );
+    assert!(report.step("after").unwrap().status.is_completed());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_step_that_stops_when_told_completes_with_a_note() {
+    let shutdown = Shutdown::new(CancellationToken::new(), secs(10));
+    shutdown.phase(
+        "consumer",
+        |ctx| async move { ctx.token().cancelled().await },
+    );
+    let report = shutdown.run_now("test").await;
+    let consumer = report.step("consumer").unwrap();
+    assert!(consumer.status.is_completed());
+    assert_eq!(consumer.elapsed, secs(9), "told at 90 % of its 10 s");
+    assert_eq!(consumer.abandoned, ["finished after its deadline"]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_phase_inside_a_critical_section_is_not_cut_in_half() {
+    let shutdown = Shutdown::new(CancellationToken::new(), secs(10));
+    let inner = shutdown.clone();
+    shutdown.phase("batch", move |_ctx| async move {
+        let _commit = inner.critical_section("commit").unwrap();
+        tokio::time::sleep(secs(7)).await; // past its 5 s grant
+    });
+    shutdown.phase("next", |_ctx| async {});
+    let report = shutdown.run_now("test").await;
+    let batch = report.step("batch").unwrap();
+    assert!(batch.status.is_completed(), "{:?}", batch.status);
+    assert_eq!((batch.granted, batch.elapsed), (secs(5), secs(7)));
+    assert_eq!(
+        report.step("next").unwrap().granted,
+        secs(3),
+        "what is left"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn no_critical_section_starts_once_the_resources_close() {
+    let shutdown = Shutdown::new(CancellationToken::new(), secs(2));
+    let inner = shutdown.clone();
+    let refused = Arc::new(Mutex::new(None));
+    let r = Arc::clone(&refused);
+    shutdown.resource("db", move |_ctx| async move {
+        *r.lock().unwrap() = Some(inner.critical_section("late commit").is_none());
+    });
+    assert!(shutdown.critical_section("early").is_some());
+    let _ = shutdown.run_now("test").await;
+    assert_eq!(*refused.lock().unwrap(), Some(true));
+}
+
+#[tokio::test(start_paused = true)]
+#[should_panic(expected = "Shutdown::run: the shutdown runs once")]
+async fn running_twice_panics() {
+    let shutdown = Shutdown::new(CancellationToken::new(), secs(1));
+    let _ = shutdown.run_now("first").await;
+    let _ = shutdown.run().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_phase_registered_after_the_start_is_refused() {
+    let shutdown = Shutdown::new(CancellationToken::new(), secs(1));
+    assert!(shutdown.phase("on time", |_ctx| async {}));
+    let report = shutdown.run_now("test").await;
+    assert!(!shutdown.phase("late", |_ctx| async {}));
+    assert!(!shutdown.resource("late", |_ctx| async {}));
+    assert!(report.step("late").is_none());
 }
