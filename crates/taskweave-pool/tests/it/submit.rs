@@ -276,3 +276,39 @@ async fn zero_capacity_is_a_programmer_error() {
 fn zero_results_capacity_is_a_programmer_error() {
     let _ = WorkerPool::builder::<u8>(1, 1).results(0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_blocked_submitters_on_a_small_queue_all_get_through() {
+    // Four producers keep an 8-job queue full: every wake-up must reach someone, or a
+    // producer would wait forever.
+    for _ in 0..5 {
+        let pool = WorkerPool::new(
+            CancellationToken::new(),
+            3,
+            8,
+            |_ctx, job: u64| async move {
+                if job % 7 == 0 {
+                    tokio::task::yield_now().await;
+                }
+                Ok::<_, String>(job)
+            },
+        );
+        let producers: Vec<_> = (0..4)
+            .map(|p| {
+                let pool = pool.clone();
+                tokio::spawn(async move {
+                    let token = CancellationToken::new();
+                    for job in 0..2_000 {
+                        pool.submit(&token, p * 10_000 + job).await.unwrap();
+                    }
+                })
+            })
+            .collect();
+        for producer in producers {
+            producer.await.unwrap();
+        }
+        let report = pool.close().await;
+        assert_eq!(report.metrics.submitted, 8_000);
+        assert_eq!(report.metrics.completed, 8_000);
+    }
+}
