@@ -287,7 +287,7 @@ async fn many_blocked_submitters_on_a_small_queue_all_get_through() {
             3,
             8,
             |_ctx, job: u64| async move {
-                if job % 7 == 0 {
+                if job.is_multiple_of(7) {
                     tokio::task::yield_now().await;
                 }
                 Ok::<_, String>(job)
