@@ -14,6 +14,7 @@
 //!   [`ReorderBuffer::push`] (the item is handed back) or from [`map_ordered`].
 //! - [`map_ordered`]: a parallel map whose calls run on spawned tasks, `concurrency` at a
 //!   time, with results yielded in input order; a panic becomes an error at its item's place.
+//! - [`ReorderExt`]: `reorder` and `map_ordered` as methods on any stream.
 //!
 //! # Example
 //!
@@ -37,10 +38,12 @@ mod adapter;
 mod buffer;
 mod channel;
 mod error;
+mod ext;
 mod map_ordered;
 
 pub use adapter::{Reorder, reorder};
 pub use buffer::ReorderBuffer;
 pub use channel::{ReorderReceiver, ReorderSender, SendError, reorder_channel};
 pub use error::{MissingIndices, PushError, ReorderError};
+pub use ext::ReorderExt;
 pub use map_ordered::{MapOrdered, map_ordered};
