@@ -7,9 +7,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Context, Poll};
 
+use futures::lock::Mutex;
 use futures::stream::FusedStream;
 use futures::{Stream, StreamExt};
-use taskweave_supervise::{TaskName, catch_panic};
+use taskweave_supervise::{TaskName, TokenWatch, catch_panic};
 use tokio_util::sync::{CancellationToken, DropGuard};
 
 /// Runs `workers` copies of `stage` over the items of `input`, each item processed exactly
@@ -17,15 +18,15 @@ use tokio_util::sync::{CancellationToken, DropGuard};
 ///
 /// - **Order is not kept**: outputs come in completion order. When order matters, use an
 ///   ordered parallel map (`taskweave-group`'s `map_parallel`, or `taskweave-reorder`).
-/// - One feeder task reads `input` into a bounded MPMC queue (async-channel) of `workers`
-///   items; `workers` tasks take from it, run `stage`, and send into a bounded output of
-///   `workers` items. A slow consumer slows the workers, which slows the feeder, which stops
-///   reading the input (backpressure end to end).
+/// - `workers` tasks take turns reading `input` (each takes the next item under a lock, then
+///   runs `stage` on it with the lock released) and send into a bounded output of `workers`
+///   items. A slow consumer slows the workers, which stop reading the input (backpressure end
+///   to end).
 /// - A panicking call is caught, logged with its backtrace and counted in
 ///   [`FanOut::panicked`]; its item produces no output, and the copy keeps serving.
 /// - The tasks (spawned through `taskweave-supervise`) stop when `token` is cancelled, when
-///   the input ends and is drained, or when the `FanOut` is dropped; the output ends when the
-///   last copy has stopped.
+///   the input ends, or when the `FanOut` is dropped; the output ends when the last copy has
+///   stopped.
 ///
 /// # Examples
 ///
@@ -63,50 +64,49 @@ where
 {
     assert!(workers > 0, "fan_out: workers must be greater than zero");
     let token = token.child_token();
-    let (work_tx, work_rx) = async_channel::bounded(workers);
-    let (out_tx, out_rx) = async_channel::bounded(workers);
+    let (out_tx, out_rx) = async_channel::bounded(workers.saturating_mul(2));
     let panicked = Arc::new(AtomicU64::new(0));
-
-    let feeder_token = token.clone();
-    drop(taskweave_supervise::spawn("fan-out-feeder", async move {
-        let mut input = std::pin::pin!(input);
-        let mut cancelled = std::pin::pin!(feeder_token.cancelled());
-        loop {
-            let item = tokio::select! {
-                biased;
-                () = &mut cancelled => return,
-                item = input.next() => item,
-            };
-            let Some(item) = item else {
-                return;
-            };
-            // Fails only when every worker has stopped: nobody left to take it.
-            if work_tx.send(item).await.is_err() {
-                return;
-            }
-        }
+    // The copies take turns reading the input: no feeder task, no hop through a queue.
+    let input = Arc::new(Mutex::new(SharedInput {
+        stream: Box::pin(input),
+        ended: false,
     }));
 
     let stage = Arc::new(stage);
     for worker in 0..workers {
-        let (work_rx, out_tx) = (work_rx.clone(), out_tx.clone());
-        let (stage, panicked, token) = (Arc::clone(&stage), Arc::clone(&panicked), token.clone());
+        let (input, out_tx) = (Arc::clone(&input), out_tx.clone());
+        let (stage, panicked) = (Arc::clone(&stage), Arc::clone(&panicked));
+        let watch = TokenWatch::new(&token);
         let name = TaskName::from(format!("fan-out-{worker}"));
         drop(taskweave_supervise::spawn(name.clone(), async move {
-            let mut cancelled = std::pin::pin!(token.cancelled());
             loop {
-                let item = tokio::select! {
-                    biased;
-                    () = &mut cancelled => return,
-                    item = work_rx.recv() => item,
+                let item = {
+                    let Some(mut shared) = watch.run_until_cancelled(input.lock()).await else {
+                        return;
+                    };
+                    if shared.ended {
+                        return;
+                    }
+                    match watch.run_until_cancelled(shared.stream.next()).await {
+                        None => return,
+                        Some(Some(item)) => item,
+                        Some(None) => {
+                            shared.ended = true;
+                            return;
+                        }
+                    }
                 };
-                // The input ended and the queue is drained.
-                let Ok(item) = item else {
-                    return;
-                };
+                // One unit of tokio's cooperative budget per item (neither the lock nor
+                // async-channel takes any), so that a copy on an always-ready input lets the
+                // other tasks of its thread run.
+                tokio::task::coop::consume_budget().await;
                 // The stage is called inside the caught future: a panic in the closure
                 // itself is caught too (and logged there with the copy's name).
-                match catch_panic(name.clone(), async { stage(item).await }).await {
+                let call = catch_panic(name.clone(), async { stage(item).await });
+                let Some(result) = watch.run_until_cancelled(call).await else {
+                    return;
+                };
+                match result {
                     Ok(output) => {
                         // The consumer is gone: stop.
                         if out_tx.send(output).await.is_err() {
@@ -128,13 +128,19 @@ where
     }
 }
 
+/// The input, read by whichever copy holds the lock.
+struct SharedInput<S> {
+    stream: Pin<Box<S>>,
+    ended: bool,
+}
+
 /// The merged outputs of [`fan_out`].
 #[must_use = "streams do nothing unless polled"]
 pub struct FanOut<R> {
     // Boxed so that `FanOut` is `Unpin` (async-channel's receiver is not).
     output: Pin<Box<async_channel::Receiver<R>>>,
     panicked: Arc<AtomicU64>,
-    // Dropping the `FanOut` cancels the copies and the feeder.
+    // Dropping the `FanOut` cancels the copies.
     _stop_on_drop: DropGuard,
 }
 

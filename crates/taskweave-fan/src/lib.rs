@@ -2,7 +2,7 @@
 //!
 //! - [`merge`]: any number of streams into one, fairly (round-robin: no input is starved),
 //!   until all of them end or the token is cancelled. An adapter: no task.
-//! - [`fan_out`]: n copies of a stage reading one shared input (an async-channel MPMC queue),
+//! - [`fan_out`]: n copies of a stage taking turns reading one shared input,
 //!   each item processed exactly once, the outputs merged; order is not kept.
 //!
 //! # Example

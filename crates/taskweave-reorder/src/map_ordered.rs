@@ -4,17 +4,59 @@ use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::task::{Context, Poll};
 
+use futures::lock::Mutex;
 use futures::stream::FusedStream;
 use futures::{Stream, StreamExt};
 use taskweave_supervise::{PanicError, TaskName, TokenWatch, catch_panic};
-use tokio::sync::{Mutex, Semaphore};
+use tokio::sync::Notify;
 use tokio_util::sync::{CancellationToken, DropGuard};
 
 use crate::ReorderBuffer;
 
 type Indexed<R> = (u64, Result<R, PanicError>);
+
+/// The window between the workers and the consumer: index `i` may be taken once
+/// `i < released + window`, where `released` counts the results the consumer has yielded.
+struct Gate {
+    released: AtomicU64,
+    waiting: AtomicBool,
+    moved: Notify,
+    window: u64,
+}
+
+impl Gate {
+    /// Waits until `index` fits the window.
+    async fn fits(&self, index: u64) {
+        loop {
+            if index < self.released.load(Ordering::Acquire) + self.window {
+                return;
+            }
+            let moved = self.moved.notified();
+            let mut moved = std::pin::pin!(moved);
+            moved.as_mut().enable();
+            // SeqCst store then load, paired with the consumer's SeqCst store then load in
+            // `release`: either this sees the new count, or the consumer sees this flag.
+            self.waiting.store(true, Ordering::SeqCst);
+            if index < self.released.load(Ordering::SeqCst) + self.window {
+                return;
+            }
+            moved.await;
+        }
+    }
+
+    /// Called by the consumer (the only writer of `released`) for `count` more yielded
+    /// results.
+    fn release(&self, count: usize) {
+        let released = self.released.load(Ordering::Relaxed) + count as u64;
+        self.released.store(released, Ordering::SeqCst);
+        if self.waiting.load(Ordering::SeqCst) && self.waiting.swap(false, Ordering::SeqCst) {
+            self.moved.notify_waiters();
+        }
+    }
+}
 
 /// The input, read by whichever worker holds the lock.
 struct SharedInput<S> {
@@ -86,7 +128,12 @@ where
     );
     let window = concurrency.saturating_mul(2);
     let token = token.child_token();
-    let permits = Arc::new(Semaphore::new(window));
+    let gate = Arc::new(Gate {
+        released: AtomicU64::new(0),
+        waiting: AtomicBool::new(false),
+        moved: Notify::new(),
+        window: window as u64,
+    });
     // Never full: at most `window` items are between the input and the consumer.
     let (done_tx, done_rx) = async_channel::bounded::<Indexed<Fut::Output>>(window);
     // The workers take turns reading the input: no feeder task, no hop through a queue.
@@ -97,9 +144,9 @@ where
     }));
     let f = Arc::new(f);
     for worker in 0..concurrency {
-        let (input, permits, done_tx, f) = (
+        let (input, gate, done_tx, f) = (
             Arc::clone(&input),
-            Arc::clone(&permits),
+            Arc::clone(&gate),
             done_tx.clone(),
             Arc::clone(&f),
         );
@@ -107,11 +154,6 @@ where
         let name = TaskName::from(format!("map-ordered-{worker}"));
         drop(taskweave_supervise::spawn(name.clone(), async move {
             loop {
-                // A permit per item, given back when the consumer takes the item's result.
-                match watch.run_until_cancelled(permits.acquire()).await {
-                    Some(Ok(permit)) => permit.forget(),
-                    None | Some(Err(_)) => return,
-                }
                 let Some(mut shared) = watch.run_until_cancelled(input.lock()).await else {
                     return;
                 };
@@ -119,6 +161,12 @@ where
                     return;
                 }
                 let index = shared.next_index;
+                // The window: the next index is taken only once it fits the consumer's
+                // buffer. Waiting with the input's lock held costs nothing: no other worker
+                // could take an index either.
+                if watch.run_until_cancelled(gate.fits(index)).await.is_none() {
+                    return;
+                }
                 let next = catch_panic("map-ordered-input", shared.stream.next());
                 let item = match watch.run_until_cancelled(next).await {
                     None => return,
@@ -137,6 +185,10 @@ where
                 };
                 shared.next_index += 1;
                 drop(shared);
+                // One unit of tokio's cooperative budget per item (neither the lock nor
+                // async-channel takes any), so that a worker on an always-ready input lets
+                // the other tasks of its thread run.
+                tokio::task::coop::consume_budget().await;
                 let call = catch_panic(name.clone(), async { f(item).await });
                 let Some(result) = watch.run_until_cancelled(call).await else {
                     return;
@@ -152,10 +204,12 @@ where
     MapOrdered {
         done: Box::pin(done_rx),
         buffer: ReorderBuffer::new(window),
-        permits,
+        gate,
         watch: TokenWatch::new(&token),
         ended: false,
         cancelled: false,
+        owed: 0,
+        batch: concurrency,
         _stop_on_drop: token.drop_guard(),
     }
 }
@@ -170,10 +224,13 @@ pub struct MapOrdered<R> {
     // Boxed so that `MapOrdered` is `Unpin` (async-channel's receiver is not).
     done: Pin<Box<async_channel::Receiver<Indexed<R>>>>,
     buffer: ReorderBuffer<Result<R, PanicError>>,
-    permits: Arc<Semaphore>,
+    gate: Arc<Gate>,
     watch: TokenWatch,
     ended: bool,
     cancelled: bool,
+    // Results yielded but not yet published to the gate.
+    owed: usize,
+    batch: usize,
     // Dropping the output stops the workers.
     _stop_on_drop: DropGuard,
 }
@@ -211,7 +268,12 @@ impl<R> Stream for MapOrdered<R> {
                 return Poll::Ready(None);
             }
             if let Some(result) = this.buffer.pop() {
-                this.permits.add_permits(1);
+                // The window moves on in batches (publishing costs a fence); always before
+                // this stream waits, so the workers can go on.
+                this.owed += 1;
+                if this.owed >= this.batch {
+                    this.gate.release(std::mem::take(&mut this.owed));
+                }
                 return Poll::Ready(Some(result));
             }
             match this.done.as_mut().poll_next(cx) {
@@ -228,6 +290,9 @@ impl<R> Stream for MapOrdered<R> {
                     return Poll::Ready(None);
                 }
                 Poll::Pending => {
+                    if this.owed > 0 {
+                        this.gate.release(std::mem::take(&mut this.owed));
+                    }
                     this.watch.register(cx.waker());
                     if this.watch.is_cancelled() {
                         this.ended = true;
