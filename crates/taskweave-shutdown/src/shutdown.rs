@@ -601,9 +601,13 @@ impl Shutdown {
             let mut closed = std::pin::pin!(closed);
             closed.as_mut().enable();
             if lock(&self.inner.state).critical.is_empty() {
-                return None;
+                // A section that just closed was likely the step's own, about to finish:
+                // it gets one scheduling round before it is cut off.
+                tokio::task::yield_now().await;
+                return futures::FutureExt::now_or_never(&mut *task);
             }
             tokio::select! {
+                biased;
                 finished = &mut *task => return Some(finished),
                 () = closed => {}
                 () = tokio::time::sleep_until(hard_deadline) => return None,
