@@ -1,15 +1,6 @@
 //! Integration tests of taskweave-shutdown, one module per concept.
 
 pub(crate) use taskweave_testkit::{alive_tasks, assert_no_leaked_tasks};
+mod auto_traits;
 mod report;
 mod sequence;
-
-#[test]
-fn public_types_are_send_sync_and_unpin() {
-    fn send_sync_unpin<T: Send + Sync + Unpin>() {}
-    send_sync_unpin::<taskweave_shutdown::Shutdown>();
-    send_sync_unpin::<taskweave_shutdown::Readiness>();
-    send_sync_unpin::<taskweave_shutdown::PhaseContext>();
-    send_sync_unpin::<taskweave_shutdown::CriticalSection>();
-    send_sync_unpin::<taskweave_shutdown::ShutdownReport>();
-}
