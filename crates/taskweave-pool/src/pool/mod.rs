@@ -13,7 +13,6 @@ use std::time::Duration;
 
 use async_channel::TrySendError;
 use taskweave_supervise::{PanicError, Supervisor, TaskName};
-use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 pub use builder::{Overflow, WorkerPoolBuilder};
@@ -98,11 +97,6 @@ pub(crate) struct Shared<J, R, E> {
     /// Set when the last handle is dropped: nobody can collect handed-back jobs any more.
     pub(crate) detached: AtomicBool,
     pub(crate) counters: Counters,
-    /// Blocked submitters wait here; workers wake them when the queue is down to
-    /// `refill_at` (three quarters), and closing the queue wakes them too.
-    space: Arc<Notify>,
-    space_wanted: AtomicBool,
-    refill_at: usize,
     workers: Supervisor,
     results: Mutex<Option<Results<R, E>>>,
 }
@@ -110,34 +104,7 @@ pub(crate) struct Shared<J, R, E> {
 impl<J, R, E> Shared<J, R, E> {
     /// Closes the queue (idempotent); blocked submitters wake up and get their job back.
     pub(crate) fn close_queue(&self) -> bool {
-        let closed = self.queue_tx.close();
-        self.space.notify_waiters();
-        closed
-    }
-
-    /// Called by a worker after it took a job: wakes the blocked submitters once the queue
-    /// is down to three quarters. The flag is read with a plain load here; `idle` makes the ordered
-    /// check before a worker waits on an empty queue, so no wake-up can be lost.
-    pub(crate) fn taken(&self) {
-        if self.space_wanted.load(Ordering::Relaxed) && self.queue_rx.len() <= self.refill_at {
-            self.wake_submitters();
-        }
-    }
-
-    /// Called by a worker that found the queue empty, before it waits.
-    pub(crate) fn idle(&self) {
-        // Pairs with the SeqCst store in `submit`: either the submitter sees the room the
-        // workers made, or this load sees its flag.
-        std::sync::atomic::fence(Ordering::SeqCst);
-        if self.space_wanted.load(Ordering::SeqCst) {
-            self.wake_submitters();
-        }
-    }
-
-    fn wake_submitters(&self) {
-        if self.space_wanted.swap(false, Ordering::SeqCst) {
-            self.space.notify_waiters();
-        }
+        self.queue_tx.close()
     }
 
     /// Takes every accepted job that never started: those set aside by workers after a
@@ -217,8 +184,6 @@ where
     {
         let (queue_tx, queue_rx) = async_channel::bounded(settings.capacity);
         let closer = queue_tx.clone();
-        let space = Arc::new(Notify::new());
-        let space_on_cancel = Arc::clone(&space);
         let (results_tx, results) = match settings.results {
             Some(capacity) => {
                 let (tx, rx) = async_channel::bounded(capacity);
@@ -238,14 +203,10 @@ where
             // in `send` wake up at once, without each registering on the token.
             cancel: CancelState::with_hook(token, move || {
                 closer.close();
-                space_on_cancel.notify_waiters();
             }),
             returned: Mutex::new(Vec::new()),
             detached: AtomicBool::new(false),
             counters: Counters::new(settings.workers),
-            space,
-            space_wanted: AtomicBool::new(false),
-            refill_at: settings.capacity - settings.capacity.div_ceil(4),
             results: Mutex::new(results),
         });
         let handler = Arc::new(handler);
@@ -270,9 +231,7 @@ where
     }
 
     /// Queues `job`, waiting for space when the queue is full and the policy is
-    /// [`Overflow::Block`]. A blocked submitter is woken when the workers have drained a
-    /// quarter of the queue (one free slot for queues of one or two jobs), so that a busy
-    /// producer refills the queue in bursts instead of waking once per job. Returns the job's index, taken when the submission starts (a
+    /// [`Overflow::Block`]. Returns the job's index, taken when the submission starts (a
     /// refused submission leaves a gap; blocked submitters are not served in index order).
     ///
     /// With [`Overflow::Reject`] a full queue refuses at once; with [`Overflow::DropOldest`]
@@ -308,42 +267,35 @@ where
                 return Err(self.refuse(refused).into());
             }
         };
-        // Slow path: wait until the workers have drained a quarter of the queue, then fill
-        // it again. Waiting for every single free slot would wake this task once per job
-        // (and register on `token` once per job); this wakes it once per quarter queue.
-        // (With a queue of 1 or 2 jobs, one free slot is enough.)
-        let mut item = (index, job);
-        loop {
-            let space = shared.space.notified();
-            let mut space = std::pin::pin!(space);
-            space.as_mut().enable();
-            // SeqCst pairs with the fence in `Shared::idle`: either this submitter sees the
-            // room the workers made, or a worker sees this flag and wakes it.
-            shared.space_wanted.store(true, Ordering::SeqCst);
-            item = match self.enqueue(item) {
-                Ok(evicted) => {
-                    unresolved.disarm();
-                    self.drop_evicted(evicted);
-                    return Ok(index);
-                }
-                Err(Refused::Full(item)) => item,
-                Err(refused) => {
-                    unresolved.disarm();
-                    return Err(self.refuse(refused).into());
-                }
-            };
-            // The pool's own cancellation closes the queue and wakes `space`: no need to
-            // watch its token here.
-            let cancelled = tokio::select! {
-                biased;
-                () = token.cancelled() => true,
-                () = space => false,
-            };
-            if cancelled {
-                unresolved.disarm();
+        // Slow path: wait inside the channel's own send, which wakes exactly when a worker
+        // frees a slot. A send future drops its message when it is cancelled, so the job sits
+        // in a slot that this call keeps a handle to and can take it back from.
+        let slot = Arc::new(Mutex::new(Some(job)));
+        let send = shared
+            .queue_tx
+            .send(Queued::Reclaimable(index, Arc::clone(&slot)));
+        // The pool's own cancellation closes the queue, which fails the send: no need to
+        // watch its token here.
+        let waited = tokio::select! {
+            biased;
+            () = token.cancelled() => Waited::Cancelled,
+            sent = send => if sent.is_ok() { Waited::Queued } else { Waited::Closed },
+        };
+        unresolved.disarm();
+        if waited == Waited::Queued {
+            return Ok(index);
+        }
+        // Not queued: the send future, dropped or failed, no longer holds the slot, so the job
+        // is still in it. (An empty slot would mean a worker took the job: it was queued.)
+        let Some(job) = lock(&slot).take() else {
+            return Ok(index);
+        };
+        match waited {
+            Waited::Cancelled => {
                 Counters::add(&shared.counters.refused, 1);
-                return Err(SubmitError::Cancelled(item.1));
+                Err(SubmitError::Cancelled(job))
             }
+            _ => Err(self.refuse(Refused::Closed((index, job))).into()),
         }
     }
 
@@ -678,10 +630,19 @@ enum Refused<J> {
     Closed((u64, J)),
 }
 
+#[derive(PartialEq, Eq)]
+enum Waited {
+    Queued,
+    Cancelled,
+    Closed,
+}
+
 /// A job in the queue, with its index.
 pub(crate) enum Queued<J> {
-    /// A job and its index.
+    /// Queued without waiting.
     Inline(u64, J),
+    /// Queued by a `submit` that had to wait; see `submit` for why it sits in a slot.
+    Reclaimable(u64, Arc<Mutex<Option<J>>>),
 }
 
 impl<J> Queued<J> {
@@ -690,6 +651,7 @@ impl<J> Queued<J> {
     pub(crate) fn into_parts(self) -> Option<(u64, J)> {
         match self {
             Queued::Inline(index, job) => Some((index, job)),
+            Queued::Reclaimable(index, slot) => lock(&slot).take().map(|job| (index, job)),
         }
     }
 

@@ -81,15 +81,11 @@ async fn run_jobs<J, R, E, H, Fut>(
         let queued = match shared.queue_rx.try_recv() {
             Ok(queued) => queued,
             Err(TryRecvError::Closed) => return,
-            Err(TryRecvError::Empty) => {
-                shared.idle();
-                match shared.queue_rx.recv().await {
-                    Ok(queued) => queued,
-                    Err(_closed_and_empty) => return,
-                }
-            }
+            Err(TryRecvError::Empty) => match shared.queue_rx.recv().await {
+                Ok(queued) => queued,
+                Err(_closed_and_empty) => return,
+            },
         };
-        shared.taken();
         let Some((index, job)) = queued.into_parts() else {
             continue;
         };
