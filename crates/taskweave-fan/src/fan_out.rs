@@ -23,7 +23,9 @@ use tokio_util::sync::{CancellationToken, DropGuard};
 ///   items. A slow consumer slows the workers, which stop reading the input (backpressure end
 ///   to end).
 /// - A panicking call is caught, logged with its backtrace and counted in
-///   [`FanOut::panicked`]; its item produces no output, and the copy keeps serving.
+///   [`FanOut::panicked`]; its item produces no output, and the copy keeps serving. A panic
+///   in the input stream is caught, logged and counted too, and ends the input for every
+///   copy (the output ends after the items in flight).
 /// - The tasks (spawned through `taskweave-supervise`) stop when `token` is cancelled, when
 ///   the input ends, or when the `FanOut` is dropped; the output ends when the last copy has
 ///   stopped.
@@ -87,11 +89,19 @@ where
                     if shared.ended {
                         return;
                     }
-                    match watch.run_until_cancelled(shared.stream.next()).await {
+                    let next = catch_panic("fan-out-input", shared.stream.next());
+                    match watch.run_until_cancelled(next).await {
                         None => return,
-                        Some(Some(item)) => item,
-                        Some(None) => {
+                        Some(Ok(Some(item))) => item,
+                        Some(Ok(None)) => {
                             shared.ended = true;
+                            return;
+                        }
+                        Some(Err(_panic)) => {
+                            // The input is broken (the panic is logged): it ends here for
+                            // every copy, and the panic is counted.
+                            shared.ended = true;
+                            panicked.fetch_add(1, Ordering::Relaxed);
                             return;
                         }
                     }
@@ -108,8 +118,9 @@ where
                 };
                 match result {
                     Ok(output) => {
-                        // The consumer is gone: stop.
-                        if out_tx.send(output).await.is_err() {
+                        // The consumer is gone, or the token cancelled: stop.
+                        let sent = watch.run_until_cancelled(out_tx.send(output)).await;
+                        if !matches!(sent, Some(Ok(()))) {
                             return;
                         }
                     }
@@ -145,7 +156,8 @@ pub struct FanOut<R> {
 }
 
 impl<R> FanOut<R> {
-    /// Calls of the stage that panicked so far (their items produced no output).
+    /// Calls of the stage that panicked so far (their items produced no output), plus one if
+    /// the input stream panicked (which ended it).
     #[must_use]
     pub fn panicked(&self) -> u64 {
         self.panicked.load(Ordering::Relaxed)

@@ -127,3 +127,21 @@ proptest! {
         prop_assert_eq!(out, indexed);
     }
 }
+
+#[tokio::test]
+async fn a_panicking_input_is_caught_counted_and_ends_the_output() {
+    let baseline = alive_tasks();
+    let input = futures::stream::iter(0..10_u32).map(|n| {
+        assert!(n != 4, "input broke at {n}");
+        n
+    });
+    let mut out = fan_out(CancellationToken::new(), input, 3, |n| async move { n });
+    let mut items = Vec::new();
+    while let Some(item) = out.next().await {
+        items.push(item);
+    }
+    items.sort_unstable();
+    assert_eq!(items, [0, 1, 2, 3], "nothing after the panic is read");
+    assert_eq!(out.panicked(), 1);
+    assert_no_leaked_tasks(baseline).await;
+}
