@@ -44,8 +44,9 @@ struct Step {
 ///    weight's share of the budget still left (resources, when any are registered, count as
 ///    one more share of weight 1), so time a phase does not use rolls forward to the next.
 ///    90 % into its grant (its [`PhaseContext::deadline`]) its token is cancelled; at the end
-///    of the grant its task is stopped (unless a critical section is open: then it is
-///    waited for until the hard deadline), and it is reported as timed out. The next phase
+///    of the grant its task is stopped (unless it holds a critical section opened with
+///    [`PhaseContext::critical_section`]: then it is waited for until the hard deadline),
+///    and it is reported as timed out. The next phase
 ///    runs with what is left. A panic is caught and reported; the next phase runs.
 /// 3. **Critical sections** still open ([`critical_section`](Self::critical_section)) are
 ///    waited for, until the hard deadline (the end of the budget): never dropped halfway.
@@ -99,8 +100,10 @@ struct State {
     trigger: Option<Trigger>,
     phases: Vec<Step>,
     resources: Vec<Step>,
-    critical: BTreeMap<u64, String>,
+    // Open sections: name, and the step that opened it (through its `PhaseContext`).
+    critical: BTreeMap<u64, (String, Option<u64>)>,
     next_critical: u64,
+    next_step: u64,
     critical_closed_for_good: bool,
     listening: bool,
     signals: u32,
@@ -263,9 +266,9 @@ impl Shutdown {
     }
 
     /// Opens a critical section (a database commit, the end of a batch): the shutdown waits
-    /// for it, until the hard deadline, before closing the resources, and a phase whose task
-    /// holds one is not cut off at the end of its grant while it is open. It ends when the
-    /// guard is dropped.
+    /// for it, until the hard deadline, before closing the resources. It ends when the guard
+    /// is dropped. (A phase that must not be cut off in the middle of its own critical work
+    /// opens it with [`PhaseContext::critical_section`] instead.)
     ///
     /// Returns `None` once the shutdown is past its critical-section wait (the resources are
     /// closing): do not start the work then.
@@ -294,13 +297,7 @@ impl Shutdown {
         if state.critical_closed_for_good {
             return None;
         }
-        let id = state.next_critical;
-        state.next_critical += 1;
-        state.critical.insert(id, name.into());
-        Some(CriticalSection {
-            inner: Arc::clone(&self.inner),
-            id,
-        })
+        Some(open_section(&self.inner, &mut state, name.into(), None))
     }
 
     /// Listens for SIGINT and SIGTERM (Ctrl-C elsewhere than on Unix) on a task of its own,
@@ -538,9 +535,17 @@ impl Shutdown {
         let soft_deadline = add(started, granted.mul_f64(SOFT_SHARE));
         let token = CancellationToken::new();
         let abandoned = Arc::new(Mutex::new(Vec::new()));
+        let step = {
+            let mut state = lock(&self.inner.state);
+            state.next_step += 1;
+            state.next_step
+        };
         let ctx = PhaseContext {
             name: name.clone(),
             deadline: soft_deadline,
+            cut_off,
+            step,
+            inner: Arc::clone(&self.inner),
             token: token.clone(),
             abandoned: Arc::clone(&abandoned),
         };
@@ -549,10 +554,12 @@ impl Shutdown {
         // the future it returns.
         let mut task = taskweave_supervise::spawn(name.clone(), async move { run(ctx).await });
         let finished = tokio::select! {
+            biased;
             finished = &mut task => Some(finished),
             () = tokio::time::sleep_until(soft_deadline) => {
                 token.cancel();
                 tokio::select! {
+                    biased;
                     finished = &mut task => Some(finished),
                     () = tokio::time::sleep_until(cut_off) => None,
                 }
@@ -560,9 +567,13 @@ impl Shutdown {
         };
         let finished = match finished {
             Some(finished) => Some(finished),
-            // A critical section may be open inside this step: it is not cut in half, the
-            // step is waited for until the hard deadline while one is open.
-            None => self.wait_while_critical(&mut task, hard_deadline).await,
+            // A critical section the step opened (through its context) is not cut in half:
+            // the step is waited for while one is open, until the hard deadline.
+            None => {
+                let grace = granted.mul_f64(1.0 - SOFT_SHARE);
+                self.wait_while_critical(&mut task, step, grace, hard_deadline)
+                    .await
+            }
         };
         let status = match finished {
             Some(Ok(())) => StepStatus::Completed,
@@ -589,22 +600,38 @@ impl Shutdown {
         });
     }
 
-    /// Waits for `task` while a critical section is open, until the hard deadline; `None`
-    /// when the task is still running then (or no section was open).
+    /// Waits for `task` while a critical section opened by the step `step` is open, until
+    /// the hard deadline; once its sections are closed, for at most `grace` more. `None`
+    /// when the task is still running then.
     async fn wait_while_critical(
         &self,
         task: &mut taskweave_supervise::TaskHandle<()>,
+        step: u64,
+        grace: Duration,
         hard_deadline: Instant,
     ) -> Option<Result<(), TaskError>> {
+        let mut waited = false;
         loop {
             let closed = self.inner.critical_closed.notified();
             let mut closed = std::pin::pin!(closed);
             closed.as_mut().enable();
-            if lock(&self.inner.state).critical.is_empty() {
-                // A section that just closed was likely the step's own, about to finish:
-                // it gets one scheduling round before it is cut off.
-                tokio::task::yield_now().await;
-                return futures::FutureExt::now_or_never(&mut *task);
+            let own_open = lock(&self.inner.state)
+                .critical
+                .values()
+                .any(|(_, owner)| *owner == Some(step));
+            if !own_open && !waited {
+                return None; // nothing of its own open at its cut-off
+            }
+            waited = true;
+            if !own_open {
+                // A section that just closed was likely the step's last piece of work: it
+                // gets a short grace (the wind-down share of its grant) to return.
+                let until = add(Instant::now(), grace).min(hard_deadline);
+                return tokio::select! {
+                    biased;
+                    finished = &mut *task => Some(finished),
+                    () = tokio::time::sleep_until(until) => None,
+                };
             }
             tokio::select! {
                 biased;
@@ -624,7 +651,11 @@ impl Shutdown {
             let closed = self.inner.critical_closed.notified();
             let mut closed = std::pin::pin!(closed);
             closed.as_mut().enable();
-            let open: Vec<String> = lock(&self.inner.state).critical.values().cloned().collect();
+            let open: Vec<String> = lock(&self.inner.state)
+                .critical
+                .values()
+                .map(|(name, _)| name.clone())
+                .collect();
             if open.is_empty() {
                 break open;
             }
@@ -672,6 +703,9 @@ impl fmt::Debug for Shutdown {
 pub struct PhaseContext {
     name: String,
     deadline: Instant,
+    cut_off: Instant,
+    step: u64,
+    inner: Arc<Inner>,
     token: CancellationToken,
     abandoned: Arc<Mutex<Vec<String>>>,
 }
@@ -684,8 +718,9 @@ impl PhaseContext {
     }
 
     /// When the step should be done: 90 % into its grant (tokio's clock). Its token is
-    /// cancelled then; the step is cut off at the end of its grant (later only while a
-    /// critical section is open), so the last 10 % is its time to stop and report.
+    /// cancelled then; the step is cut off at the end of its grant (later only while it
+    /// holds a [`critical_section`](Self::critical_section)), so the last 10 % is its time
+    /// to stop and report.
     #[must_use]
     pub fn deadline(&self) -> Instant {
         self.deadline
@@ -709,6 +744,45 @@ impl PhaseContext {
     /// for the report.
     pub fn abandon(&self, what: impl Into<String>) {
         lock(&self.abandoned).push(what.into());
+    }
+
+    /// Opens a critical section owned by this step: while it is open the step is not cut
+    /// off at the end of its grant (it is waited for until the hard deadline), and the
+    /// shutdown's critical-section wait waits for it too. Sections opened with
+    /// [`Shutdown::critical_section`] (by components) do not hold a step back.
+    ///
+    /// Returns `None` once the step is past the end of its grant, or the resources are
+    /// closing: do not start the work then.
+    #[must_use = "the critical section ends when the guard is dropped"]
+    pub fn critical_section(&self, name: impl Into<String>) -> Option<CriticalSection> {
+        if Instant::now() >= self.cut_off {
+            return None;
+        }
+        let mut state = lock(&self.inner.state);
+        if state.critical_closed_for_good {
+            return None;
+        }
+        Some(open_section(
+            &self.inner,
+            &mut state,
+            name.into(),
+            Some(self.step),
+        ))
+    }
+}
+
+fn open_section(
+    inner: &Arc<Inner>,
+    state: &mut State,
+    name: String,
+    owner: Option<u64>,
+) -> CriticalSection {
+    let id = state.next_critical;
+    state.next_critical += 1;
+    state.critical.insert(id, (name, owner));
+    CriticalSection {
+        inner: Arc::clone(inner),
+        id,
     }
 }
 

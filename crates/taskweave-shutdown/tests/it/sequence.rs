@@ -323,9 +323,8 @@ async fn a_step_that_stops_when_told_completes_with_a_note() {
 #[tokio::test(start_paused = true)]
 async fn a_phase_inside_a_critical_section_is_not_cut_in_half() {
     let shutdown = Shutdown::new(CancellationToken::new(), secs(10));
-    let inner = shutdown.clone();
-    shutdown.phase("batch", move |_ctx| async move {
-        let _commit = inner.critical_section("commit").unwrap();
+    shutdown.phase("batch", |ctx| async move {
+        let _commit = ctx.critical_section("commit").unwrap();
         tokio::time::sleep(secs(7)).await; // past its 5 s grant
     });
     shutdown.phase("next", |_ctx| async {});
@@ -370,4 +369,50 @@ async fn a_phase_registered_after_the_start_is_refused() {
     assert!(!shutdown.phase("late", |_ctx| async {}));
     assert!(!shutdown.resource("late", |_ctx| async {}));
     assert!(report.step("late").is_none());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_components_critical_section_does_not_hold_a_phase_back() {
+    let shutdown = Shutdown::new(CancellationToken::new(), secs(10));
+    let export = shutdown.critical_section("export").unwrap();
+    tokio::spawn(async move {
+        tokio::time::sleep(secs(8)).await;
+        drop(export);
+    });
+    shutdown.phase("stuck", |_ctx| std::future::pending::<()>());
+    shutdown.phase("next", |_ctx| async {});
+    let report = shutdown.run_now("test").await;
+    let stuck = report.step("stuck").unwrap();
+    assert!(stuck.status.is_timed_out());
+    assert_eq!(stuck.elapsed, secs(5), "cut off at the end of its grant");
+    assert!(report.step("next").unwrap().status.is_completed());
+    let critical = report.step("critical sections").unwrap();
+    assert!(
+        critical.status.is_completed(),
+        "the export was waited for there"
+    );
+    assert_eq!(report.elapsed, secs(8));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_step_past_its_grant_cannot_open_a_section() {
+    let shutdown = Shutdown::new(CancellationToken::new(), secs(10));
+    let refused = Arc::new(Mutex::new(None));
+    let r = Arc::clone(&refused);
+    shutdown.phase("late", move |ctx| async move {
+        let first = ctx.critical_section("first").unwrap();
+        tokio::time::sleep(secs(7)).await; // past its 5 s grant
+        drop(first);
+        *r.lock().unwrap() = Some(ctx.critical_section("again").is_none());
+    });
+    shutdown.phase("next", |_ctx| async {}); // so that `late` gets half the budget
+    let report = shutdown.run_now("test").await;
+    assert_eq!(
+        *refused.lock().unwrap(),
+        Some(true),
+        "no new section past the grant"
+    );
+    let late = report.step("late").unwrap();
+    assert!(late.status.is_completed(), "{:?}", late.status);
+    assert_eq!(late.elapsed, secs(7));
 }
