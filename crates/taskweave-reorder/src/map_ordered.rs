@@ -278,8 +278,8 @@ impl<R> Stream for MapOrdered<R> {
             }
             match this.done.as_mut().poll_next(cx) {
                 Poll::Ready(Some((index, result))) => {
-                    // Within the window by construction: the workers hold a permit for
-                    // every index between the consumer's next one and this one.
+                    // Within the window by construction: the gate hands out index `i` only
+                    // once `i < released + window`, and `released` never passes `next`.
                     if let Err(refused) = this.buffer.push(index, result) {
                         unreachable!("map_ordered: result outside the window: {refused}");
                     }
