@@ -78,14 +78,15 @@ async fn main() {
     while let Some(line) = out.next().await {
         println!("{line}");
     }
-    match out.end() {
-        Some(StageEnd::Panicked(panic)) => {
+    // The last stage ends because the one before it panicked; `panic()` covers both.
+    match out.end().and_then(StageEnd::panic) {
+        Some(panic) => {
             println!(
                 "ended early: stage {:?} panicked: {}",
                 panic.name(),
                 panic.message()
             );
         }
-        other => println!("ended: {other:?}"),
+        None => println!("ended: {:?}", out.end()),
     }
 }

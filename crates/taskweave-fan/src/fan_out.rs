@@ -19,8 +19,8 @@ use tokio_util::sync::{CancellationToken, DropGuard};
 /// - **Order is not kept**: outputs come in completion order. When order matters, use an
 ///   ordered parallel map (`taskweave-group`'s `map_parallel`, or `taskweave-reorder`).
 /// - `workers` tasks take turns reading `input` (each takes the next item under a lock, then
-///   runs `stage` on it with the lock released) and send into a bounded output of `workers`
-///   items. A slow consumer slows the workers, which stop reading the input (backpressure end
+///   runs `stage` on it with the lock released) and send into a bounded output of
+///   `2 × workers` items. A slow consumer slows the workers, which stop reading the input (backpressure end
 ///   to end).
 /// - A panicking call is caught, logged with its backtrace and counted in
 ///   [`FanOut::panicked`]; its item produces no output, and the copy keeps serving. A panic

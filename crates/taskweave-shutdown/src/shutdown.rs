@@ -201,8 +201,8 @@ impl Shutdown {
     /// `f` gets a [`PhaseContext`] with the phase's deadline and a token cancelled when the
     /// deadline passes; it runs on its own task, so a panic is caught and reported.
     ///
-    /// Returns `false` (and drops `f`) when the shutdown has started already: a phase must be
-    /// registered before the trigger.
+    /// Returns `false` (and drops `f`) when [`run`](Self::run) has started the sequence
+    /// already: a phase must be registered before that.
     pub fn phase<F, Fut>(&self, name: impl Into<String>, f: F) -> bool
     where
         F: FnOnce(PhaseContext) -> Fut + Send + 'static,
