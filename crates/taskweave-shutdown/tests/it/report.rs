@@ -55,20 +55,25 @@ async fn the_json_carries_the_same_facts() {
 
 #[test]
 fn the_runtime_is_shut_down_without_waiting_for_a_stray_blocking_task() {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .unwrap();
-    let started = std::time::Instant::now();
-    let value = taskweave_shutdown::block_on(runtime, Duration::from_millis(50), async move {
-        // A stray blocking task: dropping the runtime normally would wait a minute for it.
-        tokio::task::spawn_blocking(|| std::thread::sleep(Duration::from_secs(60)));
-        7
+    // A stray blocking task that only returns when the test releases it, at the very end.
+    let (release, stuck) = std::sync::mpsc::channel::<()>();
+    let (done_tx, done) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let value = taskweave_shutdown::block_on(runtime, Duration::from_millis(50), async move {
+            tokio::task::spawn_blocking(move || {
+                let _ = stuck.recv();
+            });
+            7
+        });
+        let _ = done_tx.send(value);
     });
-    assert_eq!(value, 7);
-    assert!(
-        started.elapsed() < Duration::from_secs(10),
-        "waited for the blocking task"
-    );
+    // Dropping the runtime normally would wait for the blocking task, which waits for us.
+    let value = done.recv_timeout(Duration::from_secs(10));
+    drop(release);
+    assert_eq!(value, Ok(7), "block_on waited for the blocking task");
 }
