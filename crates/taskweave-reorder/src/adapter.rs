@@ -10,7 +10,7 @@ use pin_project_lite::pin_project;
 use taskweave_supervise::TokenWatch;
 use tokio_util::sync::CancellationToken;
 
-use crate::{MissingIndices, ReorderBuffer, ReorderError};
+use crate::{ReorderBuffer, ReorderError};
 
 /// Puts the `(index, value)` items of `input` back in index order (indices from 0), holding
 /// at most `window` of them.
@@ -121,20 +121,9 @@ where
                 return Poll::Ready(Some(Ok(value)));
             }
             if *this.input_ended {
-                if this.buffer.is_empty() {
-                    *this.done = true;
-                    return Poll::Ready(None);
-                }
-                if !*this.gaps_reported {
-                    *this.gaps_reported = true;
-                    let indices = this.buffer.missing();
-                    return Poll::Ready(Some(Err(ReorderError::Missing(MissingIndices {
-                        indices,
-                    }))));
-                }
-                // Step over the gap; the values behind it follow.
-                let _ = this.buffer.skip();
-                continue;
+                let next = this.buffer.next_after_end(this.gaps_reported);
+                *this.done = next.is_none();
+                return Poll::Ready(next.map(|next| next.map_err(ReorderError::Missing)));
             }
             match this.input.as_mut().poll_next(cx) {
                 Poll::Pending => {

@@ -164,6 +164,30 @@ impl<T> ReorderBuffer<T> {
             .collect()
     }
 
+    /// Once nothing more can arrive: the next value in order, else the missing indices (the
+    /// first time there are gaps; `gaps_reported` remembers it), stepping over the gaps so that
+    /// the values behind them follow; `None` when the buffer is empty.
+    pub(crate) fn next_after_end(
+        &mut self,
+        gaps_reported: &mut bool,
+    ) -> Option<Result<T, MissingIndices>> {
+        loop {
+            if let Some(value) = self.pop() {
+                return Some(Ok(value));
+            }
+            if self.is_empty() {
+                return None;
+            }
+            if !*gaps_reported {
+                *gaps_reported = true;
+                return Some(Err(MissingIndices {
+                    indices: self.missing(),
+                }));
+            }
+            let _ = self.skip();
+        }
+    }
+
     /// Ends the sequence: `Ok` when nothing is left, otherwise the indices that never
     /// arrived (and so block the values buffered after them).
     ///

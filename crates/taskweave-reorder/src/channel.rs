@@ -257,30 +257,24 @@ impl<T> Stream for ReorderReceiver<T> {
         // Registered before looking: a push after the look wakes us.
         shared.receiver.register(cx.waker());
         let mut state = shared.lock();
-        loop {
-            if let Some(value) = state.buffer.pop() {
-                drop(state);
-                shared.moved_on.notify_waiters();
-                return Poll::Ready(Some(Ok(value)));
-            }
-            if state.senders > 0 {
-                return Poll::Pending;
-            }
-            if state.buffer.is_empty() {
-                drop(state);
-                self.done = true;
-                return Poll::Ready(None);
-            }
-            if !state.gaps_reported {
-                state.gaps_reported = true;
-                let missing = state.buffer.finish().err();
-                if let Some(missing) = missing {
-                    return Poll::Ready(Some(Err(missing)));
-                }
-            }
-            // Step over a gap; the values behind it follow.
-            let _ = state.buffer.skip();
+        if let Some(value) = state.buffer.pop() {
+            drop(state);
+            shared.moved_on.notify_waiters();
+            return Poll::Ready(Some(Ok(value)));
         }
+        if state.senders > 0 {
+            return Poll::Pending;
+        }
+        // No sender left, so nobody waits for the window to move.
+        let State {
+            buffer,
+            gaps_reported,
+            ..
+        } = &mut *state;
+        let next = buffer.next_after_end(gaps_reported);
+        drop(state);
+        self.done = next.is_none();
+        Poll::Ready(next)
     }
 }
 

@@ -227,18 +227,7 @@ impl Shutdown {
             weight > 0,
             "Shutdown::phase_weighted: the weight must be greater than zero"
         );
-        let step = Step {
-            name: name.into(),
-            weight,
-            run: Box::new(move |ctx| Box::pin(f(ctx))),
-        };
-        let mut state = lock(&self.inner.state);
-        if state.started.is_some() {
-            tracing::warn!(phase = %step.name, "phase registered after the shutdown started: not run");
-            return false;
-        }
-        state.phases.push(step);
-        true
+        self.register(StepKind::Phase, name.into(), weight, f)
     }
 
     /// Registers a resource to close at the very end, after every phase and critical
@@ -251,17 +240,29 @@ impl Shutdown {
         F: FnOnce(PhaseContext) -> Fut + Send + 'static,
         Fut: Future<Output = ()> + Send + 'static,
     {
-        let step = Step {
-            name: name.into(),
-            weight: 1,
-            run: Box::new(move |ctx| Box::pin(close(ctx))),
-        };
+        self.register(StepKind::Resource, name.into(), 1, close)
+    }
+
+    /// Adds a phase or a resource, unless the sequence has started.
+    fn register<F, Fut>(&self, kind: StepKind, name: String, weight: u32, f: F) -> bool
+    where
+        F: FnOnce(PhaseContext) -> Fut + Send + 'static,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
         let mut state = lock(&self.inner.state);
         if state.started.is_some() {
-            tracing::warn!(resource = %step.name, "resource registered after the shutdown started: not closed");
+            tracing::warn!(step = %name, %kind, "registered after the shutdown started: ignored");
             return false;
         }
-        state.resources.push(step);
+        let step = Step {
+            name,
+            weight,
+            run: Box::new(move |ctx| Box::pin(f(ctx))),
+        };
+        match kind {
+            StepKind::Resource => state.resources.push(step),
+            _ => state.phases.push(step),
+        }
         true
     }
 

@@ -224,6 +224,14 @@ impl<T> Slot<T> {
     }
 }
 
+/// Drops the outputs that are gone: closed, disconnected, or (drop-oldest) abandoned.
+fn prune<T>(slots: &mut Vec<Slot<T>>) {
+    for slot in slots.iter() {
+        slot.close_if_abandoned();
+    }
+    slots.retain(Slot::is_live);
+}
+
 async fn feed<S>(input: S, slots: &mut Vec<Slot<S::Item>>, watch: &TokenWatch)
 where
     S: Stream,
@@ -234,10 +242,7 @@ where
         let Some(Some(value)) = watch.run_until_cancelled(input.next()).await else {
             return; // cancelled, or the input ended
         };
-        for slot in slots.iter() {
-            slot.close_if_abandoned();
-        }
-        slots.retain(Slot::is_live);
+        prune(slots);
         let Some(last) = slots.len().checked_sub(1) else {
             return; // every output is gone
         };
@@ -272,7 +277,7 @@ where
         }
         // Outputs disconnected or dropped just now: when none is left, stop at once rather
         // than at the next value.
-        slots.retain(Slot::is_live);
+        prune(slots);
         if slots.is_empty() {
             return;
         }
