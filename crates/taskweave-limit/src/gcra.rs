@@ -11,9 +11,10 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-/// Nanoseconds since the limiter's base instant. By default on tokio's clock (so the paused
-/// test clock drives it); optionally on the CPU's time-stamp counter through `quanta`, which
-/// is several times cheaper to read but does not follow tokio's paused time.
+/// Nanoseconds since the limiter's base instant: on tokio's clock (so the paused test clock
+/// drives it), or on the CPU's time-stamp counter through `quanta`, which is several times
+/// cheaper to read but does not follow tokio's paused time. [`Clock::auto`] picks the second
+/// unless tokio's clock is paused.
 #[derive(Clone, Debug)]
 pub(crate) struct Clock {
     base: Instant,
@@ -27,7 +28,17 @@ struct FastClock {
 }
 
 impl Clock {
-    pub(crate) fn new() -> Self {
+    /// The time-stamp counter, unless tokio's clock is paused where this is called: then
+    /// tokio's clock, so that `start_paused` tests drive the limiter.
+    pub(crate) fn auto() -> Self {
+        if tokio_clock_is_paused() {
+            Clock::tokio()
+        } else {
+            Clock::fast()
+        }
+    }
+
+    pub(crate) fn tokio() -> Self {
         Clock {
             base: Instant::now(),
             fast: None,
@@ -65,6 +76,21 @@ impl Clock {
             }
         }
     }
+}
+
+/// `true` when tokio's clock is paused here (`start_paused`, or `tokio::time::pause`).
+///
+/// Unpaused, `tokio::time::Instant::now()` is the system's monotonic clock, so two readings
+/// with real time passing between them differ; paused, it only moves when the runtime
+/// advances it, which cannot happen inside this synchronous call. The wait is for the system
+/// clock to tick once (nanoseconds); outside a runtime tokio reads the system clock too.
+fn tokio_clock_is_paused() -> bool {
+    let before = Instant::now();
+    let real = std::time::Instant::now();
+    while std::time::Instant::now() <= real {
+        std::hint::spin_loop();
+    }
+    Instant::now() == before
 }
 
 pub(crate) fn nanos(duration: Duration) -> u64 {

@@ -56,7 +56,8 @@ pub struct KeyedRateLimiter<K> {
 }
 
 struct Inner<K> {
-    /// Chosen at the first use (the tokio clock), or earlier by `with_fast_clock`.
+    /// Chosen at the first use (`Clock::auto`), or earlier by `with_fast_clock` or
+    /// `with_tokio_clock`.
     clock: OnceLock<Clock>,
     interval: u64,
     burst: u32,
@@ -146,18 +147,32 @@ where
         KeyedRateLimiter { inner }
     }
 
-    /// Reads time from the CPU's time-stamp counter (through `quanta`, as governor does)
-    /// instead of tokio's clock: cheaper on a hot path, but no longer driven by tokio's
-    /// paused test clock. See [`RateLimiter::with_fast_clock`](crate::RateLimiter::with_fast_clock).
+    /// Reads time from the CPU's time-stamp counter, even where tokio's clock is paused.
+    /// See [`RateLimiter::with_fast_clock`](crate::RateLimiter::with_fast_clock).
     ///
     /// # Panics
     ///
     /// Panics if the limiter was already used: choose the clock right after construction.
     #[must_use]
     pub fn with_fast_clock(self) -> Self {
+        self.with_clock(Clock::fast(), "with_fast_clock")
+    }
+
+    /// Reads time from tokio's clock, even where it runs in real time at the first use.
+    /// See [`RateLimiter::with_tokio_clock`](crate::RateLimiter::with_tokio_clock).
+    ///
+    /// # Panics
+    ///
+    /// Panics if the limiter was already used: choose the clock right after construction.
+    #[must_use]
+    pub fn with_tokio_clock(self) -> Self {
+        self.with_clock(Clock::tokio(), "with_tokio_clock")
+    }
+
+    fn with_clock(self, clock: Clock, method: &str) -> Self {
         assert!(
-            self.inner.clock.set(Clock::fast()).is_ok(),
-            "KeyedRateLimiter::with_fast_clock: choose the clock before the first use"
+            self.inner.clock.set(clock).is_ok(),
+            "KeyedRateLimiter::{method}: choose the clock before the first use"
         );
         self
     }
@@ -255,7 +270,7 @@ where
 
 impl<K> Inner<K> {
     fn clock(&self) -> &Clock {
-        self.clock.get_or_init(Clock::new)
+        self.clock.get_or_init(Clock::auto)
     }
 }
 

@@ -1,4 +1,4 @@
-//! Rate limiters on tokio's clock: how many per second, where a semaphore says how many at
+//! Rate limiters: how many per second, where a semaphore says how many at
 //! once.
 //!
 //! - [`RateLimiter`]: a token bucket (rate and burst) with [`wait`](RateLimiter::wait),
@@ -10,7 +10,9 @@
 //!   eviction of idle keys.
 //! - [`RateLimitExt::rate_limited`]: any stream at the limiter's rate.
 //!
-//! Every limiter follows `tokio::time`, so tests run on the paused clock.
+//! Every limiter follows tokio's paused clock, so tests run on `start_paused` time. The token
+//! buckets choose their clock when created: tokio's where it is paused, otherwise the CPU's
+//! time-stamp counter, which is cheaper to read (see [`RateLimiter`]).
 //!
 //! # Example
 //!

@@ -10,7 +10,7 @@ use tokio_util::sync::CancellationToken;
 use crate::gcra::{Clock, Decision, Tat, nanos};
 use crate::{CheckError, WaitError};
 
-/// A token bucket: `burst` tokens, refilled at `rate` per second, on tokio's clock.
+/// A token bucket: `burst` tokens, refilled at `rate` per second.
 ///
 /// - [`allow`](Self::allow) / [`check_n`](Self::check_n) never wait.
 /// - [`wait`](Self::wait) / [`wait_n`](Self::wait_n) wait for the tokens or the caller's
@@ -21,17 +21,23 @@ use crate::{CheckError, WaitError};
 /// - [`set_rate`](Self::set_rate) and [`set_burst`](Self::set_burst) change a live limiter
 ///   without resetting it.
 ///
-/// Time is tokio's: with `start_paused` tests the limiter follows the paused clock.
+/// Time follows tokio's: with `start_paused` tests the limiter follows the paused clock.
 ///
 /// # Comparison to governor
 ///
 /// The algorithm is governor's (GCRA, one atomic per bucket). This type is written here
 /// rather than wrapped around governor because governor keeps its state private: a
 /// reservation that can be given back and a rate change that keeps the tokens owed both need
-/// it. By default it reads tokio's clock, so it follows the paused test clock, which
-/// governor's default clock does not; that clock read makes `allow` cost about 3 × governor's
-/// (30 ns against 9 ns here). [`with_fast_clock`](Self::with_fast_clock) reads the time-stamp
-/// counter like governor and costs the same (see `docs/benchmarks.md`).
+/// it.
+///
+/// The clock is chosen when the limiter is created. Where tokio's clock runs in real time
+/// (production, or outside a runtime), the limiter reads the CPU's time-stamp counter through
+/// `quanta`, as governor does, and `allow` costs what governor's `check` costs. Where tokio's
+/// clock is paused (`#[tokio::test(start_paused = true)]`), it reads tokio's clock instead, so
+/// tests drive it with `advance` and auto-advance, which governor's default clock ignores.
+/// [`with_tokio_clock`](Self::with_tokio_clock) and [`with_fast_clock`](Self::with_fast_clock)
+/// make the choice explicit, for a limiter created before `tokio::time::pause()` or outside
+/// the runtime it will be tested in. See `docs/benchmarks.md` for the figures.
 ///
 /// Waiters are not queued: a [`wait_n`](Self::wait_n) for many tokens checks again when they
 /// are due and can be overtaken by callers taking one token at a time. Use
@@ -104,7 +110,7 @@ impl RateLimiter {
         assert!(burst > 0, "RateLimiter: burst must be greater than zero");
         RateLimiter {
             inner: Arc::new(Inner {
-                clock: Clock::new(),
+                clock: Clock::auto(),
                 tat: Tat::default(),
                 interval: AtomicU64::new(nanos(interval)),
                 burst: AtomicU32::new(burst),
@@ -112,10 +118,9 @@ impl RateLimiter {
         }
     }
 
-    /// Reads time from the CPU's time-stamp counter (through `quanta`, as governor does)
-    /// instead of tokio's clock: `allow` then costs about a third as much. The limiter then
-    /// no longer follows tokio's paused test clock, so keep the default in tests and choose
-    /// this where the check is on a hot path.
+    /// Reads time from the CPU's time-stamp counter (through `quanta`, as governor does),
+    /// even where tokio's clock was paused when the limiter was created. The limiter then no
+    /// longer follows tokio's paused clock.
     ///
     /// # Examples
     ///
@@ -130,11 +135,45 @@ impl RateLimiter {
     ///
     /// Panics if the limiter was already cloned: choose the clock right after construction.
     #[must_use]
-    pub fn with_fast_clock(mut self) -> Self {
+    pub fn with_fast_clock(self) -> Self {
+        self.with_clock(Clock::fast(), "with_fast_clock")
+    }
+
+    /// Reads time from tokio's clock (`tokio::time::Instant`), even where it was running in
+    /// real time when the limiter was created: for a limiter created outside the runtime
+    /// that will pause the clock, or before a test calls `tokio::time::pause()`. Each check
+    /// then costs one more system clock read (about 20 ns) than on the time-stamp counter.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use taskweave_limit::RateLimiter;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// let limiter = RateLimiter::new(10, 1).with_tokio_clock();
+    /// tokio::time::pause();
+    /// assert!(limiter.allow());
+    /// assert!(!limiter.allow());
+    /// tokio::time::advance(Duration::from_millis(100)).await;
+    /// assert!(limiter.allow());
+    /// # }
+    /// ```
+    ///
+    /// # Panics
+    ///
+    /// Panics if the limiter was already cloned: choose the clock right after construction.
+    #[must_use]
+    pub fn with_tokio_clock(self) -> Self {
+        self.with_clock(Clock::tokio(), "with_tokio_clock")
+    }
+
+    fn with_clock(mut self, clock: Clock, method: &str) -> Self {
         let Some(inner) = Arc::get_mut(&mut self.inner) else {
-            panic!("RateLimiter::with_fast_clock: choose the clock before cloning the limiter");
+            panic!("RateLimiter::{method}: choose the clock before cloning the limiter");
         };
-        inner.clock = Clock::fast();
+        inner.clock = clock;
         inner.tat = Tat::default();
         self
     }

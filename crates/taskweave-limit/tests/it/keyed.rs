@@ -107,3 +107,31 @@ async fn the_fast_clock_keeps_per_key_buckets() {
     assert!(!limiter.allow(&"a"));
     assert!(limiter.allow(&"b"));
 }
+
+#[tokio::test]
+async fn the_clock_is_chosen_at_the_first_use() {
+    let limiter = |token: &CancellationToken| {
+        KeyedRateLimiter::with_sweep(
+            token.clone(),
+            Duration::from_secs(3600),
+            1,
+            10,
+            Duration::from_secs(3600),
+        )
+    };
+    let token = CancellationToken::new();
+    // Used in real time: the time-stamp counter, which a later pause does not move.
+    let real = limiter(&token);
+    let paused_later = limiter(&token);
+    let forced = limiter(&token).with_tokio_clock();
+    assert!(real.allow(&"a"));
+    assert!(forced.allow(&"a"));
+    tokio::time::pause();
+    // First used on the paused clock: tokio's clock.
+    assert!(paused_later.allow(&"a"));
+    tokio::time::advance(Duration::from_secs(3600)).await;
+    assert!(!real.allow(&"a"));
+    assert!(paused_later.allow(&"a"));
+    assert!(forced.allow(&"a"));
+    token.cancel();
+}

@@ -215,3 +215,55 @@ fn choosing_the_clock_after_cloning_is_a_programmer_error() {
     let _clone = limiter.clone();
     let _ = limiter.with_fast_clock();
 }
+
+/// One token an hour, burst 1, spent: whether an hour of tokio time refills it tells which
+/// clock the limiter reads.
+async fn refills_after_an_hour_of_tokio_time(limiter: &RateLimiter) -> bool {
+    assert!(limiter.allow());
+    assert!(!limiter.allow());
+    tokio::time::advance(Duration::from_secs(3600)).await;
+    limiter.allow()
+}
+
+#[tokio::test(start_paused = true)]
+async fn created_on_a_paused_clock_it_follows_tokio_time() {
+    let limiter = RateLimiter::with_interval(Duration::from_secs(3600), 1);
+    assert!(refills_after_an_hour_of_tokio_time(&limiter).await);
+}
+
+#[tokio::test]
+async fn created_in_real_time_it_reads_the_time_stamp_counter() {
+    // Pausing afterwards does not move the limiter's clock: an hour of tokio time passes,
+    // but only microseconds of real time, so the token has not come back.
+    let limiter = RateLimiter::with_interval(Duration::from_secs(3600), 1);
+    tokio::time::pause();
+    assert!(!refills_after_an_hour_of_tokio_time(&limiter).await);
+}
+
+#[tokio::test]
+async fn with_tokio_clock_follows_a_pause_that_comes_later() {
+    let limiter = RateLimiter::with_interval(Duration::from_secs(3600), 1).with_tokio_clock();
+    tokio::time::pause();
+    assert!(refills_after_an_hour_of_tokio_time(&limiter).await);
+}
+
+#[tokio::test(start_paused = true)]
+async fn with_fast_clock_ignores_the_paused_clock() {
+    let limiter = RateLimiter::with_interval(Duration::from_secs(3600), 1).with_fast_clock();
+    assert!(!refills_after_an_hour_of_tokio_time(&limiter).await);
+}
+
+#[test]
+fn created_outside_a_runtime_it_follows_a_runtime_only_when_told() {
+    let auto = RateLimiter::with_interval(Duration::from_secs(3600), 1);
+    let tokio_clock = RateLimiter::with_interval(Duration::from_secs(3600), 1).with_tokio_clock();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        assert!(!refills_after_an_hour_of_tokio_time(&auto).await);
+        assert!(refills_after_an_hour_of_tokio_time(&tokio_clock).await);
+    });
+}
