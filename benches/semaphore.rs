@@ -68,30 +68,70 @@ fn contended(c: &mut Criterion) {
         group.throughput(Throughput::Elements(TASKS * PER_TASK));
         group.sample_size(30);
         group.measurement_time(Duration::from_secs(3));
-        group.bench_function(BenchmarkId::new("taskweave", TASKS * PER_TASK), |b| {
-            b.iter(|| {
-                runtime.block_on(async {
-                    let semaphore = Semaphore::new(4);
-                    let token = CancellationToken::new();
-                    let tasks: Vec<_> = (0..TASKS)
-                        .map(|_| {
-                            let semaphore = semaphore.clone();
-                            let token = token.clone();
-                            tokio::spawn(async move {
-                                for _ in 0..PER_TASK {
-                                    let permit = semaphore.acquire(&token).await.unwrap();
-                                    tokio::task::yield_now().await;
-                                    drop(permit);
-                                }
+        // Each task waits on a clone of one token, either a token of its own (registered on
+        // for every wait) or the one the semaphore is tied to (`with_token`: nothing to
+        // register, the semaphore closes when it is cancelled).
+        for (name, bound) in [("taskweave", false), ("taskweave_bound_token", true)] {
+            group.bench_function(BenchmarkId::new(name, TASKS * PER_TASK), |b| {
+                b.iter(|| {
+                    runtime.block_on(async {
+                        let token = CancellationToken::new();
+                        let semaphore = if bound {
+                            Semaphore::new(4).with_token(token.clone())
+                        } else {
+                            Semaphore::new(4)
+                        };
+                        let tasks: Vec<_> = (0..TASKS)
+                            .map(|_| {
+                                let semaphore = semaphore.clone();
+                                let token = token.clone();
+                                tokio::spawn(async move {
+                                    for _ in 0..PER_TASK {
+                                        let permit = semaphore.acquire(&token).await.unwrap();
+                                        tokio::task::yield_now().await;
+                                        drop(permit);
+                                    }
+                                })
                             })
-                        })
-                        .collect();
-                    for task in tasks {
-                        task.await.unwrap();
-                    }
+                            .collect();
+                        for task in tasks {
+                            task.await.unwrap();
+                        }
+                    });
                 });
             });
-        });
+        }
+        // What a caller writes to make tokio's acquire cancellable.
+        group.bench_function(
+            BenchmarkId::new("tokio_select_token", TASKS * PER_TASK),
+            |b| {
+                b.iter(|| {
+                    runtime.block_on(async {
+                        let semaphore = Arc::new(tokio::sync::Semaphore::new(4));
+                        let token = CancellationToken::new();
+                        let tasks: Vec<_> = (0..TASKS)
+                            .map(|_| {
+                                let semaphore = Arc::clone(&semaphore);
+                                let token = token.clone();
+                                tokio::spawn(async move {
+                                    for _ in 0..PER_TASK {
+                                        let permit = tokio::select! {
+                                            permit = semaphore.acquire() => permit.unwrap(),
+                                            () = token.cancelled() => return,
+                                        };
+                                        tokio::task::yield_now().await;
+                                        drop(permit);
+                                    }
+                                })
+                            })
+                            .collect();
+                        for task in tasks {
+                            task.await.unwrap();
+                        }
+                    });
+                });
+            },
+        );
         group.bench_function(BenchmarkId::new("tokio", TASKS * PER_TASK), |b| {
             b.iter(|| {
                 runtime.block_on(async {

@@ -45,6 +45,22 @@ async fn main() {
     api.close();
     assert_eq!(api.acquire(&root).await.unwrap_err(), AcquireError::Closed);
 
+    // Tied to a component's lifetime: cancelling its token closes the semaphore, so nobody
+    // is left waiting at shutdown (and waits on that token register nothing on it).
+    let component = root.child_token();
+    let db = Semaphore::new(1).with_token(component.clone());
+    let held = db.acquire(&component).await.expect("open");
+    let waiter = {
+        let (db, component) = (db.clone(), component.clone());
+        tokio::spawn(async move { db.acquire(&component).await.map(drop) })
+    };
+    tokio::task::yield_now().await;
+    component.cancel();
+    let ended = waiter.await.expect("no panic");
+    println!("a waiter when its component shuts down: {ended:?}");
+    assert_eq!(ended, Err(AcquireError::Cancelled));
+    drop(held);
+
     // 20 emails a second with bursts of 3.
     let outbound = RateLimiter::new(20, 3);
     let started = Instant::now();

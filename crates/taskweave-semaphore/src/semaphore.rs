@@ -1,11 +1,11 @@
 //! `Semaphore`: a fair, cancellable, resizable semaphore built on tokio's.
 
 use std::fmt;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use tokio::sync::{Notify, TryAcquireError as TokioTryAcquireError};
-use tokio_util::sync::CancellationToken;
+use tokio_util::sync::{CancellationToken, DropGuard};
 
 use crate::{AcquireError, OwnedPermit, Permit, TryAcquireError};
 
@@ -84,6 +84,14 @@ pub(crate) struct Inner {
     resized: Notify,
     /// Serialises resizes (rare), so capacity and debt change together.
     resize_lock: Mutex<()>,
+    /// The token this semaphore closes on ([`Semaphore::with_token`]). A wait on this very
+    /// token needs no registration of its own: the close ends it.
+    bound: Option<CancellationToken>,
+    /// `true` while the task watching `bound` runs. It is `false` if the runtime it was
+    /// spawned on shut down, and then waits on `bound` register on it like any other token.
+    watching: AtomicBool,
+    /// Stops the task that watches `bound` when the semaphore goes away.
+    _stop_watch: Option<DropGuard>,
 }
 
 impl Semaphore {
@@ -111,8 +119,84 @@ impl Semaphore {
                 debt: AtomicUsize::new(0),
                 resized: Notify::new(),
                 resize_lock: Mutex::new(()),
+                bound: None,
+                watching: AtomicBool::new(false),
+                _stop_watch: None,
             }),
         }
+    }
+
+    /// Ties the semaphore to `token`, the lifetime of what it guards (the application's or a
+    /// component's token): when `token` is cancelled, the semaphore closes, so every waiter
+    /// wakes and later acquires fail. A waiter whose own token is cancelled gets
+    /// [`AcquireError::Cancelled`], the others [`AcquireError::Closed`].
+    ///
+    /// It also makes waits on `token` itself cheaper: `acquire(&token)` on the bound token
+    /// registers nothing on it, because the close ends the wait. A wait on any other token
+    /// (a request's child token, say) registers on that token for the length of the wait,
+    /// which is what a contended `acquire` costs above tokio's (see `docs/benchmarks.md`).
+    ///
+    /// The watch is one small task, which ends when the token is cancelled or the last handle
+    /// to the semaphore is dropped.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use taskweave_semaphore::{AcquireError, Semaphore};
+    /// use tokio_util::sync::CancellationToken;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// let shutdown = CancellationToken::new();
+    /// let api = Semaphore::new(1).with_token(shutdown.clone());
+    /// let held = api.acquire(&shutdown).await.unwrap();
+    ///
+    /// let waiter = {
+    ///     let (api, shutdown) = (api.clone(), shutdown.clone());
+    ///     tokio::spawn(async move { api.acquire(&shutdown).await.map(drop) })
+    /// };
+    /// tokio::task::yield_now().await;
+    /// shutdown.cancel();
+    /// assert_eq!(waiter.await.unwrap(), Err(AcquireError::Cancelled));
+    /// assert!(api.is_closed());
+    /// drop(held);
+    /// # }
+    /// ```
+    ///
+    /// # Panics
+    ///
+    /// Panics if the semaphore was already cloned (tie it right after construction), or
+    /// outside a tokio runtime (the watch is a task).
+    #[must_use]
+    #[track_caller]
+    pub fn with_token(mut self, token: CancellationToken) -> Self {
+        assert!(
+            tokio::runtime::Handle::try_current().is_ok(),
+            "Semaphore::with_token: must be called inside a tokio runtime"
+        );
+        let Some(inner) = Arc::get_mut(&mut self.inner) else {
+            panic!("Semaphore::with_token: tie the semaphore to its token before cloning it");
+        };
+        // Cancelled with `token`, or when the semaphore drops (the guard lives in `Inner`).
+        let stop = token.child_token();
+        inner._stop_watch = Some(stop.clone().drop_guard());
+        inner.bound = Some(token.clone());
+        inner.watching = AtomicBool::new(true);
+        let weak = Arc::downgrade(&self.inner);
+        let watching = WatchingGuard(weak.clone());
+        drop(taskweave_supervise::spawn(
+            "semaphore-token-watch",
+            async move {
+                let _watching = watching;
+                stop.cancelled().await;
+                if token.is_cancelled()
+                    && let Some(inner) = weak.upgrade()
+                {
+                    inner.close();
+                }
+            },
+        ));
+        self
     }
 
     /// Waits for one permit, unless `token` is cancelled first.
@@ -228,8 +312,7 @@ impl Semaphore {
     /// Closes the semaphore: every waiter wakes with `Closed`, and later acquires fail.
     /// Permits already held stay valid.
     pub fn close(&self) {
-        self.inner.semaphore.close();
-        self.inner.resized.notify_waiters();
+        self.inner.close();
     }
 
     /// `true` after [`close`](Self::close).
@@ -298,6 +381,21 @@ impl Semaphore {
 }
 
 impl Inner {
+    fn close(&self) {
+        self.semaphore.close();
+        self.resized.notify_waiters();
+    }
+
+    /// Why a wait on `token` found the semaphore closed: a cancelled caller token (the bound
+    /// token closes the semaphore) says `Cancelled`.
+    fn closed(token: &CancellationToken) -> AcquireError {
+        if token.is_cancelled() {
+            AcquireError::Cancelled
+        } else {
+            AcquireError::Closed
+        }
+    }
+
     fn check_size(&self, permits: u32) -> Result<(), (u32, usize)> {
         let capacity = self.capacity.load(Ordering::Acquire);
         if permits as usize > capacity {
@@ -331,7 +429,7 @@ impl Inner {
         // Fast path: no queue to join, no token to watch.
         match self.try_acquire(permits) {
             Ok(()) => return Ok(()),
-            Err(TryAcquireError::Closed) => return Err(AcquireError::Closed),
+            Err(TryAcquireError::Closed) => return Err(Self::closed(token)),
             Err(TryAcquireError::TooLarge {
                 requested,
                 capacity,
@@ -350,6 +448,10 @@ impl Inner {
         // The queue position lives in this future for the whole wait.
         let acquire = self.semaphore.acquire_many(permits);
         let mut acquire = std::pin::pin!(acquire);
+        // The bound token closes the semaphore when cancelled, which ends the wait: watching
+        // it here too would cost a registration on the token for nothing.
+        let watch_token =
+            self.bound.as_ref() != Some(token) || !self.watching.load(Ordering::Acquire);
         let cancelled = token.cancelled();
         let mut cancelled = std::pin::pin!(cancelled);
         let mut granted = |acquired: Result<tokio::sync::SemaphorePermit<'_>, _>| match acquired {
@@ -358,15 +460,19 @@ impl Inner {
                 settle.granted = true;
                 Ok(())
             }
-            Err(_closed) => Err(AcquireError::Closed),
+            Err(_closed) => Err(Self::closed(token)),
         };
+        if permits <= 1 && !watch_token {
+            // Nothing to watch but the queue.
+            return granted(acquire.await);
+        }
         if permits <= 1 {
             // A single permit can never exceed a capacity (at least 1): no resize to watch,
             // which saves a registration on every wait.
             return tokio::select! {
                 biased;
                 acquired = &mut acquire => granted(acquired),
-                () = &mut cancelled => Err(AcquireError::Cancelled),
+                () = &mut cancelled, if watch_token => Err(AcquireError::Cancelled),
             };
         }
         loop {
@@ -378,10 +484,10 @@ impl Inner {
             tokio::select! {
                 biased;
                 acquired = &mut acquire => return granted(acquired),
-                () = &mut cancelled => return Err(AcquireError::Cancelled),
+                () = &mut cancelled, if watch_token => return Err(AcquireError::Cancelled),
                 () = resized => {
                     if self.semaphore.is_closed() {
-                        return Err(AcquireError::Closed);
+                        return Err(Self::closed(token));
                     }
                 }
             }
@@ -467,6 +573,18 @@ impl Inner {
             let forgotten = self.semaphore.forget_permits(shrink);
             self.debt.fetch_add(shrink - forgotten, Ordering::AcqRel);
             self.resized.notify_waiters();
+        }
+    }
+}
+
+/// Clears `watching` when the watch task ends, whether it ran to the end or its runtime
+/// dropped it.
+struct WatchingGuard(std::sync::Weak<Inner>);
+
+impl Drop for WatchingGuard {
+    fn drop(&mut self) {
+        if let Some(inner) = self.0.upgrade() {
+            inner.watching.store(false, Ordering::Release);
         }
     }
 }

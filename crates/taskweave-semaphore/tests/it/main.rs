@@ -2,5 +2,6 @@
 
 mod acquire;
 mod auto_traits;
+mod bound;
 mod fairness;
 mod resize;

@@ -1,0 +1,137 @@
+//! `with_token`: a semaphore tied to a token closes when it is cancelled.
+
+use taskweave_semaphore::{AcquireError, Semaphore, TryAcquireError};
+use taskweave_testkit::{alive_tasks, assert_no_leaked_tasks};
+use tokio_test::{assert_pending, assert_ready};
+use tokio_util::sync::CancellationToken;
+
+#[tokio::test]
+async fn cancelling_the_bound_token_closes_and_says_why_to_each_waiter() {
+    let shutdown = CancellationToken::new();
+    let request = CancellationToken::new();
+    let child = shutdown.child_token();
+    let semaphore = Semaphore::new(1).with_token(shutdown.clone());
+    let held = semaphore.acquire(&shutdown).await.unwrap();
+
+    let mut on_bound = tokio_test::task::spawn(semaphore.acquire(&shutdown));
+    let mut on_request = tokio_test::task::spawn(semaphore.acquire_many(&request, 1));
+    let mut on_child = tokio_test::task::spawn(semaphore.acquire(&child));
+    assert_pending!(on_bound.poll());
+    assert_pending!(on_request.poll());
+    assert_pending!(on_child.poll());
+
+    shutdown.cancel();
+    // The watch task closes the semaphore when it runs.
+    tokio::task::yield_now().await;
+    assert!(semaphore.is_closed());
+    assert!(on_bound.is_woken() && on_request.is_woken());
+    assert_eq!(
+        assert_ready!(on_bound.poll()).unwrap_err(),
+        AcquireError::Cancelled
+    );
+    assert_eq!(
+        assert_ready!(on_request.poll()).unwrap_err(),
+        AcquireError::Closed
+    );
+    assert_eq!(
+        assert_ready!(on_child.poll()).unwrap_err(),
+        AcquireError::Cancelled
+    );
+
+    // Later requests fail at once; the permit held stays valid until dropped.
+    assert_eq!(
+        semaphore.acquire(&shutdown).await.unwrap_err(),
+        AcquireError::Cancelled
+    );
+    assert_eq!(
+        semaphore.acquire(&request).await.unwrap_err(),
+        AcquireError::Closed
+    );
+    assert_eq!(
+        semaphore.try_acquire().unwrap_err(),
+        TryAcquireError::Closed
+    );
+    assert_eq!(semaphore.in_use(), 1);
+    drop(held);
+    assert_eq!(semaphore.in_use(), 0);
+}
+
+#[tokio::test]
+async fn a_wait_on_the_bound_token_is_served_in_order() {
+    let shutdown = CancellationToken::new();
+    let semaphore = Semaphore::new(1).with_token(shutdown.clone());
+    let held = semaphore.acquire(&shutdown).await.unwrap();
+    let mut first = tokio_test::task::spawn(semaphore.acquire(&shutdown));
+    let mut second = tokio_test::task::spawn(semaphore.acquire(&shutdown));
+    assert_pending!(first.poll());
+    assert_pending!(second.poll());
+    drop(held);
+    assert!(first.is_woken());
+    let permit = assert_ready!(first.poll()).unwrap();
+    assert_pending!(second.poll());
+    drop(permit);
+    drop(assert_ready!(second.poll()).unwrap());
+}
+
+#[tokio::test]
+async fn the_watch_task_ends_with_the_semaphore_or_the_token() {
+    let baseline = alive_tasks();
+    let shutdown = CancellationToken::new();
+    let semaphore = Semaphore::new(2).with_token(shutdown.clone());
+    let clone = semaphore.clone();
+    assert_eq!(alive_tasks(), baseline + 1);
+    drop(semaphore);
+    drop(clone);
+    assert_no_leaked_tasks(baseline).await;
+    assert!(!shutdown.is_cancelled());
+
+    let semaphore = Semaphore::new(2).with_token(shutdown.clone());
+    shutdown.cancel();
+    assert_no_leaked_tasks(baseline).await;
+    assert!(semaphore.is_closed());
+}
+
+#[test]
+fn waits_still_end_on_the_token_after_the_watch_runtime_is_gone() {
+    let shutdown = CancellationToken::new();
+    let first = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    let semaphore = first.block_on(async { Semaphore::new(1).with_token(shutdown.clone()) });
+    // The watch task dies with its runtime, before the token is cancelled.
+    drop(first);
+    let second = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .unwrap();
+    second.block_on(async {
+        let _held = semaphore.acquire(&shutdown).await.unwrap();
+        let waiter = {
+            let (semaphore, shutdown) = (semaphore.clone(), shutdown.clone());
+            tokio::spawn(async move { semaphore.acquire(&shutdown).await.map(drop) })
+        };
+        tokio::task::yield_now().await;
+        shutdown.cancel();
+        // Bounded, so that a wait nobody ends fails the test instead of hanging it.
+        let ended = tokio::time::timeout(std::time::Duration::from_secs(60), waiter).await;
+        assert_eq!(
+            ended.expect("the wait ignored its token").unwrap(),
+            Err(AcquireError::Cancelled)
+        );
+    });
+}
+
+#[tokio::test]
+#[should_panic(expected = "tie the semaphore to its token before cloning it")]
+async fn tying_after_cloning_is_a_programmer_error() {
+    let semaphore = Semaphore::new(1);
+    let _clone = semaphore.clone();
+    let _ = semaphore.with_token(CancellationToken::new());
+}
+
+#[test]
+#[should_panic(expected = "must be called inside a tokio runtime")]
+fn tying_outside_a_runtime_is_a_programmer_error() {
+    let _ = Semaphore::new(1).with_token(CancellationToken::new());
+}
