@@ -6,8 +6,12 @@
 //! `tat` there. A `tat` at or before `now` means a full bucket, so forgetting such a state
 //! loses nothing (the keyed limiter relies on that to evict).
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
+
+#[cfg(all(test, taskweave_loom))]
+use loom::sync::atomic::{AtomicU64, Ordering};
+#[cfg(not(all(test, taskweave_loom)))]
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use tokio::time::Instant;
 
@@ -178,5 +182,78 @@ impl Tat {
 
     pub(crate) fn load(&self) -> u64 {
         self.0.load(Ordering::Relaxed)
+    }
+}
+
+/// Loom models of the compare-and-swap steps: every interleaving of the threads, on loom's
+/// atomics. Run with `RUSTFLAGS="--cfg taskweave_loom" cargo test -p taskweave-limit --lib`.
+#[cfg(all(test, taskweave_loom))]
+mod loom_models {
+    use loom::sync::Arc;
+
+    use super::{Decision, Tat};
+
+    const INTERVAL: u64 = 10;
+
+    #[test]
+    fn concurrent_checks_grant_exactly_the_burst() {
+        loom::model(|| {
+            let tat = Arc::new(Tat::default());
+            let threads: Vec<_> = (0..2)
+                .map(|_| {
+                    let tat = Arc::clone(&tat);
+                    loom::thread::spawn(move || {
+                        matches!(tat.check(0, 1, INTERVAL, 2), Decision::Granted)
+                    })
+                })
+                .collect();
+            let here = matches!(tat.check(0, 1, INTERVAL, 2), Decision::Granted);
+            let granted = threads
+                .into_iter()
+                .map(|thread| thread.join().unwrap())
+                .filter(|granted| *granted)
+                .count()
+                + usize::from(here);
+            assert_eq!(granted, 2);
+            assert_eq!(tat.load(), 2 * INTERVAL);
+        });
+    }
+
+    #[test]
+    fn a_cancelled_reservation_never_moves_a_later_one() {
+        loom::model(|| {
+            // An empty bucket that owes 5 tokens: every reservation lies in the future.
+            let tat = Arc::new(Tat(super::AtomicU64::new(5 * INTERVAL)));
+            let other = {
+                let tat = Arc::clone(&tat);
+                loom::thread::spawn(move || tat.reserve(0, 1, INTERVAL, 1).1)
+            };
+            let (wait, reserved) = tat.reserve(0, 1, INTERVAL, 1);
+            tat.cancel(0, 1, INTERVAL, reserved, wait);
+            let other_reserved = other.join().unwrap();
+            // Whatever the order, the state ends where the other reservation put it: the
+            // cancelled tokens come back unless the other one was taken after them, and then
+            // the other one keeps its place.
+            assert_eq!(tat.load(), other_reserved);
+        });
+    }
+
+    #[test]
+    fn a_rate_change_during_checks_loses_no_grant() {
+        loom::model(|| {
+            let tat = Arc::new(Tat::default());
+            let checker = {
+                let tat = Arc::clone(&tat);
+                loom::thread::spawn(move || {
+                    matches!(tat.check(0, 1, INTERVAL, 1), Decision::Granted)
+                })
+            };
+            // Doubling the interval at `now` = 0 doubles what is owed, never drops it.
+            tat.rescale(0, INTERVAL, 2 * INTERVAL);
+            let granted = checker.join().unwrap();
+            assert!(granted, "a single check on a full bucket is granted");
+            let owed = tat.load();
+            assert!(owed == INTERVAL || owed == 2 * INTERVAL, "owed {owed}");
+        });
     }
 }

@@ -1,8 +1,18 @@
 //! `Semaphore`: a fair, cancellable, resizable semaphore built on tokio's.
 
 use std::fmt;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, PoisonError};
+
+#[cfg(all(test, taskweave_loom))]
+use loom::sync::{
+    Mutex,
+    atomic::{AtomicBool, AtomicUsize, Ordering},
+};
+#[cfg(not(all(test, taskweave_loom)))]
+use std::sync::{
+    Mutex,
+    atomic::{AtomicBool, AtomicUsize, Ordering},
+};
 
 use tokio::sync::{Notify, TryAcquireError as TokioTryAcquireError};
 use tokio_util::sync::{CancellationToken, DropGuard};
@@ -405,20 +415,23 @@ impl Inner {
     }
 
     fn try_acquire(&self, permits: u32) -> Result<(), TryAcquireError> {
+        let error = match self.semaphore.try_acquire_many(permits) {
+            Ok(permit) => {
+                // Our `Permit` types do the releasing, so that a shrink can retire them.
+                permit.forget();
+                return Ok(());
+            }
+            Err(TokioTryAcquireError::Closed) => TryAcquireError::Closed,
+            Err(TokioTryAcquireError::NoPermits) => TryAcquireError::NoPermits,
+        };
+        // Free permits never exceed the capacity, so a request above it always lands here:
+        // the size is checked on failure only, off the fast path.
         self.check_size(permits)
             .map_err(|(requested, capacity)| TryAcquireError::TooLarge {
                 requested,
                 capacity,
             })?;
-        match self.semaphore.try_acquire_many(permits) {
-            Ok(permit) => {
-                // Our `Permit` types do the releasing, so that a shrink can retire them.
-                permit.forget();
-                Ok(())
-            }
-            Err(TokioTryAcquireError::Closed) => Err(TryAcquireError::Closed),
-            Err(TokioTryAcquireError::NoPermits) => Err(TryAcquireError::NoPermits),
-        }
+        Err(error)
     }
 
     async fn acquire(&self, token: &CancellationToken, permits: u32) -> Result<(), AcquireError> {
@@ -452,8 +465,6 @@ impl Inner {
         // it here too would cost a registration on the token for nothing.
         let watch_token =
             self.bound.as_ref() != Some(token) || !self.watching.load(Ordering::Acquire);
-        let cancelled = token.cancelled();
-        let mut cancelled = std::pin::pin!(cancelled);
         let mut granted = |acquired: Result<tokio::sync::SemaphorePermit<'_>, _>| match acquired {
             Ok(permit) => {
                 permit.forget();
@@ -466,6 +477,8 @@ impl Inner {
             // Nothing to watch but the queue.
             return granted(acquire.await);
         }
+        let cancelled = token.cancelled();
+        let mut cancelled = std::pin::pin!(cancelled);
         if permits <= 1 {
             // A single permit can never exceed a capacity (at least 1): no resize to watch,
             // which saves a registration on every wait.
@@ -498,8 +511,16 @@ impl Inner {
         let unpaid = self.pay_debt(permits as usize);
         if unpaid > 0 {
             self.semaphore.add_permits(unpaid);
-            // A shrink that ran between `pay_debt` and here left debt with free permits.
-            self.settle_debt();
+            // A shrink that ran between `pay_debt` and `add_permits` found too few free
+            // permits and left debt behind. This read is a read-modify-write so that it and
+            // the shrink's `fetch_add` are ordered: either it sees the debt (and settles
+            // it), or the shrink's settle that follows its `fetch_add` sees these permits.
+            // A plain load could miss both ways (the store-buffering pattern), leaving more
+            // permits free than the capacity until the next release; the loom model
+            // `a_shrink_racing_a_release_retires_exactly_what_it_owes` catches that.
+            if self.debt.fetch_add(0, Ordering::AcqRel) > 0 {
+                self.settle_debt();
+            }
         }
     }
 
@@ -512,9 +533,22 @@ impl Inner {
             .resize_lock
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
+        self.settle_debt_locked();
+    }
+
+    /// [`settle_debt`](Self::settle_debt) with the resize lock held.
+    fn settle_debt_locked(&self) {
         let debt = self.debt.load(Ordering::Acquire);
+        if debt == 0 {
+            return;
+        }
         let retired = self.semaphore.forget_permits(debt);
-        self.debt.fetch_sub(retired, Ordering::AcqRel);
+        // Releases pay debt without the lock, so part of it may have been paid since the
+        // load: pay what is still owed and give the rest back, never going below zero.
+        let surplus = self.pay_debt(retired);
+        if surplus > 0 {
+            self.semaphore.add_permits(surplus);
+        }
     }
 
     /// Permits given up for good: they retire what a shrink still owes, and the rest shrink
@@ -572,6 +606,8 @@ impl Inner {
             let shrink = old - new;
             let forgotten = self.semaphore.forget_permits(shrink);
             self.debt.fetch_add(shrink - forgotten, Ordering::AcqRel);
+            // Permits a release added after `forget_permits`, having seen no debt yet.
+            self.settle_debt_locked();
             self.resized.notify_waiters();
         }
     }
@@ -611,5 +647,93 @@ impl fmt::Debug for Semaphore {
             .field("in_use", &self.in_use())
             .field("closed", &self.is_closed())
             .finish()
+    }
+}
+
+/// Loom models of the shrink bookkeeping (`capacity`, `debt` and the resize lock) racing
+/// releases: every interleaving, on loom's atomics and mutex. Run with
+/// `RUSTFLAGS="--cfg taskweave_loom" cargo test -p taskweave-semaphore --lib`.
+#[cfg(all(test, taskweave_loom))]
+mod loom_models {
+    use super::Semaphore;
+
+    /// Every permit back, nothing owed: the books balance at `capacity`.
+    fn assert_settled(semaphore: &Semaphore, capacity: usize) {
+        assert_eq!(semaphore.capacity(), capacity);
+        assert_eq!(semaphore.available(), capacity);
+        assert_eq!(semaphore.in_use(), 0);
+        assert_eq!(semaphore.inner.debt.load(super::Ordering::Acquire), 0);
+    }
+
+    #[test]
+    fn a_shrink_racing_a_release_retires_exactly_what_it_owes() {
+        loom::model(|| {
+            let semaphore = Semaphore::new(2);
+            let first = semaphore.try_acquire_owned().unwrap();
+            let second = semaphore.try_acquire_owned().unwrap();
+            let releaser = loom::thread::spawn(move || drop(first));
+            semaphore.resize(1);
+            releaser.join().unwrap();
+            // `second` is still out and the capacity is now 1: nothing may be free, whichever
+            // ran first (a release that came back after the shrink pays its debt).
+            assert_eq!(semaphore.available(), 0);
+            assert_eq!(semaphore.in_use(), 1);
+            drop(second);
+            assert_settled(&semaphore, 1);
+        });
+    }
+
+    #[test]
+    fn a_shrink_racing_two_releases_never_owes_below_zero() {
+        loom::model(|| {
+            let semaphore = Semaphore::new(3);
+            let first = semaphore.try_acquire_owned().unwrap();
+            let second = semaphore.try_acquire_owned().unwrap();
+            let third = semaphore.try_acquire_owned().unwrap();
+            let releasers: Vec<_> = [first, second]
+                .into_iter()
+                .map(|permit| loom::thread::spawn(move || drop(permit)))
+                .collect();
+            semaphore.resize(1);
+            for releaser in releasers {
+                releaser.join().unwrap();
+            }
+            assert_eq!(semaphore.available(), 0);
+            drop(third);
+            assert_settled(&semaphore, 1);
+        });
+    }
+
+    #[test]
+    fn a_grow_racing_a_shrink_and_a_release_keeps_the_last_capacity() {
+        loom::model(|| {
+            let semaphore = Semaphore::new(2);
+            let held = semaphore.try_acquire_many_owned(2).unwrap();
+            let shrinker = {
+                let semaphore = semaphore.clone();
+                loom::thread::spawn(move || semaphore.resize(1))
+            };
+            let releaser = loom::thread::spawn(move || drop(held));
+            shrinker.join().unwrap();
+            releaser.join().unwrap();
+            semaphore.resize(3);
+            assert_settled(&semaphore, 3);
+        });
+    }
+
+    #[test]
+    fn forgetting_racing_a_shrink_pays_its_debt() {
+        loom::model(|| {
+            let semaphore = Semaphore::new(3);
+            let kept = semaphore.try_acquire_owned().unwrap();
+            let forgotten = semaphore.try_acquire_owned().unwrap();
+            let forgetter = loom::thread::spawn(move || forgotten.forget());
+            semaphore.resize(1);
+            forgetter.join().unwrap();
+            drop(kept);
+            // Forgotten before the shrink, it lowers the capacity the shrink then sets;
+            // after, it pays the shrink's debt. Either way the capacity ends at 1.
+            assert_settled(&semaphore, 1);
+        });
     }
 }
