@@ -290,7 +290,9 @@ async fn group(root: &CancellationToken) {
 
 async fn limits(root: &CancellationToken) {
     println!("\n== semaphore and limit: how many at once, how many per second ==");
-    let api = Semaphore::new(2);
+    // Tied to the application's token: it closes at shutdown, and waits on `root` itself
+    // register nothing on the token.
+    let api = Semaphore::new(2).with_token(root.clone());
     let first = api.acquire(root).await.expect("open");
     let second = api.acquire(root).await.expect("open");
     println!("in use {} of {}", api.in_use(), api.capacity());

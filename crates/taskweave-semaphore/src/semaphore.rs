@@ -665,43 +665,37 @@ mod loom_models {
         assert_eq!(semaphore.inner.debt.load(super::Ordering::Acquire), 0);
     }
 
-    #[test]
-    fn a_shrink_racing_a_release_retires_exactly_what_it_owes() {
-        loom::model(|| {
-            let semaphore = Semaphore::new(2);
-            let first = semaphore.try_acquire_owned().unwrap();
-            let second = semaphore.try_acquire_owned().unwrap();
-            let releaser = loom::thread::spawn(move || drop(first));
-            semaphore.resize(1);
-            releaser.join().unwrap();
-            // `second` is still out and the capacity is now 1: nothing may be free, whichever
-            // ran first (a release that came back after the shrink pays its debt).
-            assert_eq!(semaphore.available(), 0);
-            assert_eq!(semaphore.in_use(), 1);
-            drop(second);
-            assert_settled(&semaphore, 1);
-        });
-    }
-
-    #[test]
-    fn a_shrink_racing_two_releases_never_owes_below_zero() {
-        loom::model(|| {
-            let semaphore = Semaphore::new(3);
-            let first = semaphore.try_acquire_owned().unwrap();
-            let second = semaphore.try_acquire_owned().unwrap();
-            let third = semaphore.try_acquire_owned().unwrap();
-            let releasers: Vec<_> = [first, second]
-                .into_iter()
+    /// `releases` + 1 permits held, all but one released on threads of their own while the
+    /// semaphore shrinks to 1.
+    fn shrink_to_one_racing(releases: usize) {
+        loom::model(move || {
+            let semaphore = Semaphore::new(releases + 1);
+            let kept = semaphore.try_acquire_owned().unwrap();
+            let releasers: Vec<_> = (0..releases)
+                .map(|_| semaphore.try_acquire_owned().unwrap())
                 .map(|permit| loom::thread::spawn(move || drop(permit)))
                 .collect();
             semaphore.resize(1);
             for releaser in releasers {
                 releaser.join().unwrap();
             }
+            // `kept` is still out and the capacity is now 1: nothing may be free, whichever
+            // ran first (a release that came back after the shrink pays its debt).
             assert_eq!(semaphore.available(), 0);
-            drop(third);
+            assert_eq!(semaphore.in_use(), 1);
+            drop(kept);
             assert_settled(&semaphore, 1);
         });
+    }
+
+    #[test]
+    fn a_shrink_racing_a_release_retires_exactly_what_it_owes() {
+        shrink_to_one_racing(1);
+    }
+
+    #[test]
+    fn a_shrink_racing_two_releases_never_owes_below_zero() {
+        shrink_to_one_racing(2);
     }
 
     #[test]
