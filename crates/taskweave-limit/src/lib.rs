@@ -11,8 +11,8 @@
 //! - [`RateLimitExt::rate_limited`]: any stream at the limiter's rate.
 //!
 //! Every limiter follows tokio's paused clock, so tests run on `start_paused` time. The token
-//! buckets choose their clock when created: tokio's where it is paused, otherwise the CPU's
-//! time-stamp counter, which is cheaper to read (see [`RateLimiter`]).
+//! buckets choose their clock at their first use: tokio's where it is paused, otherwise the
+//! CPU's time-stamp counter, which is cheaper to read (see [`RateLimiter`]).
 //!
 //! # Example
 //!

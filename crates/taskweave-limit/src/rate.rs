@@ -1,8 +1,8 @@
 //! `RateLimiter`: a token bucket (GCRA) with wait, allow, reserve, and live reconfiguration.
 
 use std::fmt;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
@@ -30,14 +30,16 @@ use crate::{CheckError, WaitError};
 /// reservation that can be given back and a rate change that keeps the tokens owed both need
 /// it.
 ///
-/// The clock is chosen when the limiter is created. Where tokio's clock runs in real time
+/// The clock is chosen at the limiter's first use. Where tokio's clock runs in real time
 /// (production, or outside a runtime), the limiter reads the CPU's time-stamp counter through
 /// `quanta`, as governor does, and `allow` costs what governor's `check` costs. Where tokio's
 /// clock is paused (`#[tokio::test(start_paused = true)]`), it reads tokio's clock instead, so
 /// tests drive it with `advance` and auto-advance, which governor's default clock ignores.
 /// [`with_tokio_clock`](Self::with_tokio_clock) and [`with_fast_clock`](Self::with_fast_clock)
-/// make the choice explicit, for a limiter created before `tokio::time::pause()` or outside
-/// the runtime it will be tested in. See `docs/benchmarks.md` for the figures.
+/// make the choice explicit, for a limiter first used before a test calls
+/// `tokio::time::pause()`. The first time-stamp-counter limiter of a process calibrates the
+/// counter (quanta: 0.5 ms at least, 200 ms at most, once). See `docs/benchmarks.md` for the
+/// figures.
 ///
 /// Waiters are not queued: a [`wait_n`](Self::wait_n) for many tokens checks again when they
 /// are due and can be overtaken by callers taking one token at a time. Use
@@ -69,11 +71,19 @@ pub struct RateLimiter {
 }
 
 struct Inner {
-    clock: Clock,
+    /// Chosen at the first use (`Clock::auto`), or earlier by `with_fast_clock` or
+    /// `with_tokio_clock`.
+    clock: OnceLock<Clock>,
     tat: Tat,
     /// Nanoseconds per token.
     interval: AtomicU64,
     burst: AtomicU32,
+}
+
+impl Inner {
+    fn clock(&self) -> &Clock {
+        self.clock.get_or_init(Clock::auto)
+    }
 }
 
 impl RateLimiter {
@@ -110,7 +120,7 @@ impl RateLimiter {
         assert!(burst > 0, "RateLimiter: burst must be greater than zero");
         RateLimiter {
             inner: Arc::new(Inner {
-                clock: Clock::auto(),
+                clock: OnceLock::new(),
                 tat: Tat::default(),
                 interval: AtomicU64::new(nanos(interval)),
                 burst: AtomicU32::new(burst),
@@ -133,15 +143,14 @@ impl RateLimiter {
     ///
     /// # Panics
     ///
-    /// Panics if the limiter was already cloned: choose the clock right after construction.
+    /// Panics if the limiter was already used: choose the clock right after construction.
     #[must_use]
     pub fn with_fast_clock(self) -> Self {
         self.with_clock(Clock::fast(), "with_fast_clock")
     }
 
-    /// Reads time from tokio's clock (`tokio::time::Instant`), even where it was running in
-    /// real time when the limiter was created: for a limiter created outside the runtime
-    /// that will pause the clock, or before a test calls `tokio::time::pause()`. Each check
+    /// Reads time from tokio's clock (`tokio::time::Instant`), even where it runs in real time
+    /// at the first use: for a limiter used before a test calls `tokio::time::pause()`. Each check
     /// then costs one more system clock read (about 20 ns) than on the time-stamp counter.
     ///
     /// # Examples
@@ -163,18 +172,17 @@ impl RateLimiter {
     ///
     /// # Panics
     ///
-    /// Panics if the limiter was already cloned: choose the clock right after construction.
+    /// Panics if the limiter was already used: choose the clock right after construction.
     #[must_use]
     pub fn with_tokio_clock(self) -> Self {
         self.with_clock(Clock::tokio(), "with_tokio_clock")
     }
 
-    fn with_clock(mut self, clock: Clock, method: &str) -> Self {
-        let Some(inner) = Arc::get_mut(&mut self.inner) else {
-            panic!("RateLimiter::{method}: choose the clock before cloning the limiter");
-        };
-        inner.clock = clock;
-        inner.tat = Tat::default();
+    fn with_clock(self, clock: Clock, method: &str) -> Self {
+        assert!(
+            self.inner.clock.set(clock).is_ok(),
+            "RateLimiter::{method}: choose the clock before the first use"
+        );
         self
     }
 
@@ -201,7 +209,7 @@ impl RateLimiter {
         match self
             .inner
             .tat
-            .check(self.inner.clock.now(), n, interval, burst)
+            .check(self.inner.clock().now(), n, interval, burst)
         {
             Decision::Granted => Ok(()),
             Decision::NotYet(wait) => Err(CheckError::NotYet {
@@ -275,13 +283,13 @@ impl RateLimiter {
                 burst,
             });
         }
-        let now = self.inner.clock.now();
+        let now = self.inner.clock().now();
         let (delay, reserved_tat) = self.inner.tat.reserve(now, n, interval, burst);
         let due = now.saturating_add(delay);
         Ok(Reservation {
             limiter: self.clone(),
             tokens: n,
-            due: self.inner.clock.instant(due),
+            due: self.inner.clock().instant(due),
             due_at: due,
             reserved_tat,
             delay: Duration::from_nanos(delay),
@@ -307,7 +315,7 @@ impl RateLimiter {
         );
         let new = nanos(Duration::from_secs(1) / per_second);
         let old = self.inner.interval.swap(new, Ordering::Relaxed);
-        self.inner.tat.rescale(self.inner.clock.now(), old, new);
+        self.inner.tat.rescale(self.inner.clock().now(), old, new);
     }
 
     /// Changes the burst of a live limiter.
@@ -339,7 +347,7 @@ impl RateLimiter {
     #[must_use]
     pub fn available(&self) -> u32 {
         let (interval, burst) = self.settings();
-        let now = self.inner.clock.now();
+        let now = self.inner.clock().now();
         let horizon = now.saturating_add(interval.saturating_mul(u64::from(burst)));
         let tat = self.inner.tat.load().max(now);
         u32::try_from(horizon.saturating_sub(tat) / interval).unwrap_or(u32::MAX)
@@ -408,7 +416,7 @@ impl Reservation {
     pub fn cancel(self) {
         let inner = &self.limiter.inner;
         inner.tat.cancel(
-            inner.clock.now(),
+            inner.clock().now(),
             self.tokens,
             self.interval,
             self.reserved_tat,

@@ -1,7 +1,7 @@
 //! `Semaphore`: a fair, cancellable, resizable semaphore built on tokio's.
 
 use std::fmt;
-use std::sync::{Arc, PoisonError};
+use std::sync::{Arc, PoisonError, Weak};
 
 #[cfg(all(test, taskweave_loom))]
 use loom::sync::{
@@ -146,8 +146,10 @@ impl Semaphore {
     /// (a request's child token, say) registers on that token for the length of the wait,
     /// which is what a contended `acquire` costs above tokio's (see `docs/benchmarks.md`).
     ///
-    /// The watch is one small task, which ends when the token is cancelled or the last handle
-    /// to the semaphore is dropped.
+    /// The watch is one small task on the runtime this is called in, which ends when the
+    /// token is cancelled or the last handle to the semaphore is dropped. That runtime must
+    /// be running for the close to happen; if it shuts down first, a thread of its own takes
+    /// the watch over.
     ///
     /// # Examples
     ///
@@ -184,6 +186,10 @@ impl Semaphore {
             tokio::runtime::Handle::try_current().is_ok(),
             "Semaphore::with_token: must be called inside a tokio runtime"
         );
+        assert!(
+            self.inner.bound.is_none(),
+            "Semaphore::with_token: the semaphore is already tied to a token"
+        );
         let Some(inner) = Arc::get_mut(&mut self.inner) else {
             panic!("Semaphore::with_token: tie the semaphore to its token before cloning it");
         };
@@ -193,18 +199,9 @@ impl Semaphore {
         inner.bound = Some(token.clone());
         inner.watching = AtomicBool::new(true);
         let weak = Arc::downgrade(&self.inner);
-        let watching = WatchingGuard(weak.clone());
         drop(taskweave_supervise::spawn(
             "semaphore-token-watch",
-            async move {
-                let _watching = watching;
-                stop.cancelled().await;
-                if token.is_cancelled()
-                    && let Some(inner) = weak.upgrade()
-                {
-                    inner.close();
-                }
-            },
+            watch(token, stop, weak),
         ));
         self
     }
@@ -396,10 +393,10 @@ impl Inner {
         self.resized.notify_waiters();
     }
 
-    /// Why a wait on `token` found the semaphore closed: a cancelled caller token (the bound
-    /// token closes the semaphore) says `Cancelled`.
-    fn closed(token: &CancellationToken) -> AcquireError {
-        if token.is_cancelled() {
+    /// Why a wait on `token` found the semaphore closed: on a semaphore tied to a token
+    /// (which closes it), a cancelled caller token says `Cancelled`.
+    fn closed(&self, token: &CancellationToken) -> AcquireError {
+        if self.bound.is_some() && token.is_cancelled() {
             AcquireError::Cancelled
         } else {
             AcquireError::Closed
@@ -415,23 +412,22 @@ impl Inner {
     }
 
     fn try_acquire(&self, permits: u32) -> Result<(), TryAcquireError> {
-        let error = match self.semaphore.try_acquire_many(permits) {
-            Ok(permit) => {
-                // Our `Permit` types do the releasing, so that a shrink can retire them.
-                permit.forget();
-                return Ok(());
-            }
-            Err(TokioTryAcquireError::Closed) => TryAcquireError::Closed,
-            Err(TokioTryAcquireError::NoPermits) => TryAcquireError::NoPermits,
-        };
-        // Free permits never exceed the capacity, so a request above it always lands here:
-        // the size is checked on failure only, off the fast path.
+        // First: while a release races a shrink, free permits can exceed the new capacity
+        // for a moment, and a request above the capacity must still be refused.
         self.check_size(permits)
             .map_err(|(requested, capacity)| TryAcquireError::TooLarge {
                 requested,
                 capacity,
             })?;
-        Err(error)
+        match self.semaphore.try_acquire_many(permits) {
+            Ok(permit) => {
+                // Our `Permit` types do the releasing, so that a shrink can retire them.
+                permit.forget();
+                Ok(())
+            }
+            Err(TokioTryAcquireError::Closed) => Err(TryAcquireError::Closed),
+            Err(TokioTryAcquireError::NoPermits) => Err(TryAcquireError::NoPermits),
+        }
     }
 
     async fn acquire(&self, token: &CancellationToken, permits: u32) -> Result<(), AcquireError> {
@@ -442,7 +438,7 @@ impl Inner {
         // Fast path: no queue to join, no token to watch.
         match self.try_acquire(permits) {
             Ok(()) => return Ok(()),
-            Err(TryAcquireError::Closed) => return Err(Self::closed(token)),
+            Err(TryAcquireError::Closed) => return Err(self.closed(token)),
             Err(TryAcquireError::TooLarge {
                 requested,
                 capacity,
@@ -471,7 +467,7 @@ impl Inner {
                 settle.granted = true;
                 Ok(())
             }
-            Err(_closed) => Err(Self::closed(token)),
+            Err(_closed) => Err(self.closed(token)),
         };
         if permits <= 1 && !watch_token {
             // Nothing to watch but the queue.
@@ -500,7 +496,7 @@ impl Inner {
                 () = &mut cancelled, if watch_token => return Err(AcquireError::Cancelled),
                 () = resized => {
                     if self.semaphore.is_closed() {
-                        return Err(Self::closed(token));
+                        return Err(self.closed(token));
                     }
                 }
             }
@@ -512,21 +508,22 @@ impl Inner {
         if unpaid > 0 {
             self.semaphore.add_permits(unpaid);
             // A shrink that ran between `pay_debt` and `add_permits` found too few free
-            // permits and left debt behind. This read is a read-modify-write so that it and
+            // permits and left debt behind. `settle_debt` reads the debt with a
+            // read-modify-write so that it and
             // the shrink's `fetch_add` are ordered: either it sees the debt (and settles
             // it), or the shrink's settle that follows its `fetch_add` sees these permits.
             // A plain load could miss both ways (the store-buffering pattern), leaving more
             // permits free than the capacity until the next release; the loom model
             // `a_shrink_racing_a_release_retires_exactly_what_it_owes` catches that.
-            if self.debt.fetch_add(0, Ordering::AcqRel) > 0 {
-                self.settle_debt();
-            }
+            self.settle_debt();
         }
     }
 
     /// Retires free permits against what a shrink still owes. Cheap when nothing is owed.
+    /// Called after permits went back to tokio's pool (a release, or a wait dropped with part
+    /// of its permits assigned), hence the read-modify-write explained in `release`.
     pub(crate) fn settle_debt(&self) {
-        if self.debt.load(Ordering::Acquire) == 0 {
+        if self.debt.fetch_add(0, Ordering::AcqRel) == 0 {
             return;
         }
         let _guard = self
@@ -613,15 +610,77 @@ impl Inner {
     }
 }
 
-/// Clears `watching` when the watch task ends, whether it ran to the end or its runtime
-/// dropped it.
-struct WatchingGuard(std::sync::Weak<Inner>);
+/// Closes the semaphore when `token` is cancelled; ends when the semaphore is dropped (its
+/// drop guard cancels `stop`, a child of `token`).
+///
+/// The guard is built outside the `async` block, so that it also takes the watch over when
+/// the task is dropped before its first poll.
+fn watch(
+    token: CancellationToken,
+    stop: CancellationToken,
+    inner: Weak<Inner>,
+) -> impl Future<Output = ()> + Send + 'static {
+    let mut watch = Watch {
+        token,
+        stop,
+        inner,
+        done: false,
+    };
+    async move {
+        watch.stop.cancelled().await;
+        watch.done = true;
+        watch.close_if_cancelled();
+    }
+}
 
-impl Drop for WatchingGuard {
-    fn drop(&mut self) {
-        if let Some(inner) = self.0.upgrade() {
-            inner.watching.store(false, Ordering::Release);
+struct Watch {
+    token: CancellationToken,
+    stop: CancellationToken,
+    inner: Weak<Inner>,
+    done: bool,
+}
+
+impl Watch {
+    fn close_if_cancelled(&self) {
+        if self.token.is_cancelled()
+            && let Some(inner) = self.inner.upgrade()
+        {
+            inner.close();
         }
+    }
+}
+
+impl Drop for Watch {
+    /// The watch task was dropped before it finished: its runtime shut down. Waits on the
+    /// bound token rely on it, so a thread of its own takes over the watch; if no thread can
+    /// be started, waits register on the token themselves from now on (`watching`).
+    fn drop(&mut self) {
+        if self.done {
+            return;
+        }
+        if self.token.is_cancelled() || self.inner.strong_count() == 0 {
+            self.close_if_cancelled();
+            return;
+        }
+        let (token, stop, inner) = (self.token.clone(), self.stop.clone(), self.inner.clone());
+        let fallback = self.inner.clone();
+        let spawned = std::thread::Builder::new()
+            .name("semaphore-token-watch".into())
+            .spawn(
+                move || match tokio::runtime::Builder::new_current_thread().build() {
+                    Ok(runtime) => runtime.block_on(watch(token, stop, inner)),
+                    Err(_) => unwatched(&inner),
+                },
+            );
+        if spawned.is_err() {
+            unwatched(&fallback);
+        }
+    }
+}
+
+fn unwatched(inner: &Weak<Inner>) {
+    if let Some(inner) = inner.upgrade() {
+        inner.watching.store(false, Ordering::Release);
     }
 }
 

@@ -98,11 +98,8 @@ fn waits_still_end_on_the_token_after_the_watch_runtime_is_gone() {
         .build()
         .unwrap();
     let semaphore = first.block_on(async { Semaphore::new(1).with_token(shutdown.clone()) });
-    // The watch task dies with its runtime, before the token is cancelled.
-    drop(first);
     let second = tokio::runtime::Builder::new_current_thread()
         .enable_time()
-        .start_paused(true)
         .build()
         .unwrap();
     second.block_on(async {
@@ -112,14 +109,27 @@ fn waits_still_end_on_the_token_after_the_watch_runtime_is_gone() {
             tokio::spawn(async move { semaphore.acquire(&shutdown).await.map(drop) })
         };
         tokio::task::yield_now().await;
+        // The watch task dies with its runtime while the waiter waits on the bound token
+        // without a registration of its own: a thread takes the watch over.
+        std::thread::spawn(move || drop(first)).join().unwrap();
         shutdown.cancel();
-        // Bounded, so that a wait nobody ends fails the test instead of hanging it.
-        let ended = tokio::time::timeout(std::time::Duration::from_secs(60), waiter).await;
+        // Real time: the watch now runs on a thread of its own, outside this runtime's
+        // clock. The bound only keeps a broken fallback from hanging the test.
+        let ended = tokio::time::timeout(std::time::Duration::from_secs(10), waiter).await;
         assert_eq!(
             ended.expect("the wait ignored its token").unwrap(),
             Err(AcquireError::Cancelled)
         );
+        assert!(semaphore.is_closed());
     });
+}
+
+#[tokio::test]
+#[should_panic(expected = "already tied to a token")]
+async fn tying_twice_is_a_programmer_error() {
+    let _ = Semaphore::new(1)
+        .with_token(CancellationToken::new())
+        .with_token(CancellationToken::new());
 }
 
 #[tokio::test]
