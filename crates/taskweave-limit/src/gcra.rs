@@ -6,6 +6,7 @@
 //! `tat` there. A `tat` at or before `now` means a full bucket, so forgetting such a state
 //! loses nothing (the keyed limiter relies on that to evict).
 
+use std::sync::OnceLock;
 use std::time::Duration;
 
 #[cfg(all(test, taskweave_loom))]
@@ -79,6 +80,25 @@ impl Clock {
                 now.checked_add(ahead).unwrap_or_else(|| now + far)
             }
         }
+    }
+}
+
+/// A limiter's clock: chosen at the first use ([`Clock::auto`]) unless chosen before.
+#[derive(Debug, Default)]
+pub(crate) struct ClockChoice(OnceLock<Clock>);
+
+impl ClockChoice {
+    pub(crate) fn get(&self) -> &Clock {
+        self.0.get_or_init(Clock::auto)
+    }
+
+    /// Fixes the clock; `method` names the public method for the panic message.
+    #[track_caller]
+    pub(crate) fn choose(&self, clock: Clock, method: &str) {
+        assert!(
+            self.0.set(clock).is_ok(),
+            "{method}: choose the clock before the first use"
+        );
     }
 }
 

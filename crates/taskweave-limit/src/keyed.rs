@@ -4,12 +4,12 @@ use std::collections::HashMap;
 use std::collections::hash_map::RandomState;
 use std::fmt;
 use std::hash::{BuildHasher, Hash};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, Weak};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use crate::gcra::{Clock, nanos};
+use crate::gcra::{Clock, ClockChoice, nanos};
 use crate::{CheckError, WaitError};
 
 const SHARDS: usize = 16;
@@ -58,7 +58,7 @@ pub struct KeyedRateLimiter<K> {
 struct Inner<K> {
     /// Chosen at the first use (`Clock::auto`), or earlier by `with_fast_clock` or
     /// `with_tokio_clock`.
-    clock: OnceLock<Clock>,
+    clock: ClockChoice,
     interval: u64,
     burst: u32,
     shard_capacity: usize,
@@ -128,7 +128,7 @@ where
         let eviction = token.child_token();
         let inner = Arc::new(Inner {
             _stop_eviction: eviction.clone().drop_guard(),
-            clock: OnceLock::new(),
+            clock: ClockChoice::default(),
             interval: nanos(interval),
             burst,
             // Fewer shards than 16 for tiny bounds, so that shards × capacity never exceeds
@@ -155,7 +155,10 @@ where
     /// Panics if the limiter was already used: choose the clock right after construction.
     #[must_use]
     pub fn with_fast_clock(self) -> Self {
-        self.with_clock(Clock::fast(), "with_fast_clock")
+        self.inner
+            .clock
+            .choose(Clock::fast(), "KeyedRateLimiter::with_fast_clock");
+        self
     }
 
     /// Reads time from tokio's clock, even where it runs in real time at the first use.
@@ -166,14 +169,9 @@ where
     /// Panics if the limiter was already used: choose the clock right after construction.
     #[must_use]
     pub fn with_tokio_clock(self) -> Self {
-        self.with_clock(Clock::tokio(), "with_tokio_clock")
-    }
-
-    fn with_clock(self, clock: Clock, method: &str) -> Self {
-        assert!(
-            self.inner.clock.set(clock).is_ok(),
-            "KeyedRateLimiter::{method}: choose the clock before the first use"
-        );
+        self.inner
+            .clock
+            .choose(Clock::tokio(), "KeyedRateLimiter::with_tokio_clock");
         self
     }
 
@@ -196,7 +194,7 @@ where
                 burst: inner.burst,
             });
         }
-        let now = inner.clock().now();
+        let now = inner.clock.get().now();
         let cost = inner.interval.saturating_mul(u64::from(n));
         let horizon = now.saturating_add(inner.interval.saturating_mul(u64::from(inner.burst)));
         let mut shard = inner.shard(key);
@@ -268,11 +266,7 @@ where
     }
 }
 
-impl<K> Inner<K> {
-    fn clock(&self) -> &Clock {
-        self.clock.get_or_init(Clock::auto)
-    }
-}
+impl<K> Inner<K> {}
 
 impl<K: Hash + Eq> Inner<K> {
     fn shard(&self, key: &K) -> MutexGuard<'_, HashMap<K, u64>> {
@@ -281,7 +275,7 @@ impl<K: Hash + Eq> Inner<K> {
     }
 
     fn evict_idle(&self) -> usize {
-        let now = self.clock().now();
+        let now = self.clock.get().now();
         let mut removed = 0;
         for shard in &*self.shards {
             let mut shard = lock(shard);

@@ -1,13 +1,13 @@
 //! `RateLimiter`: a token bucket (GCRA) with wait, allow, reserve, and live reconfiguration.
 
 use std::fmt;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use crate::gcra::{Clock, Decision, Tat, nanos};
+use crate::gcra::{Clock, ClockChoice, Decision, Tat, nanos};
 use crate::{CheckError, WaitError};
 
 /// A token bucket: `burst` tokens, refilled at `rate` per second.
@@ -73,18 +73,14 @@ pub struct RateLimiter {
 struct Inner {
     /// Chosen at the first use (`Clock::auto`), or earlier by `with_fast_clock` or
     /// `with_tokio_clock`.
-    clock: OnceLock<Clock>,
+    clock: ClockChoice,
     tat: Tat,
     /// Nanoseconds per token.
     interval: AtomicU64,
     burst: AtomicU32,
 }
 
-impl Inner {
-    fn clock(&self) -> &Clock {
-        self.clock.get_or_init(Clock::auto)
-    }
-}
+impl Inner {}
 
 impl RateLimiter {
     /// `per_second` tokens per second, at most `burst` at once.
@@ -120,7 +116,7 @@ impl RateLimiter {
         assert!(burst > 0, "RateLimiter: burst must be greater than zero");
         RateLimiter {
             inner: Arc::new(Inner {
-                clock: OnceLock::new(),
+                clock: ClockChoice::default(),
                 tat: Tat::default(),
                 interval: AtomicU64::new(nanos(interval)),
                 burst: AtomicU32::new(burst),
@@ -129,7 +125,7 @@ impl RateLimiter {
     }
 
     /// Reads time from the CPU's time-stamp counter (through `quanta`, as governor does),
-    /// even where tokio's clock was paused when the limiter was created. The limiter then no
+    /// even where tokio's clock is paused at the first use. The limiter then no
     /// longer follows tokio's paused clock.
     ///
     /// # Examples
@@ -146,7 +142,10 @@ impl RateLimiter {
     /// Panics if the limiter was already used: choose the clock right after construction.
     #[must_use]
     pub fn with_fast_clock(self) -> Self {
-        self.with_clock(Clock::fast(), "with_fast_clock")
+        self.inner
+            .clock
+            .choose(Clock::fast(), "RateLimiter::with_fast_clock");
+        self
     }
 
     /// Reads time from tokio's clock (`tokio::time::Instant`), even where it runs in real time
@@ -175,14 +174,9 @@ impl RateLimiter {
     /// Panics if the limiter was already used: choose the clock right after construction.
     #[must_use]
     pub fn with_tokio_clock(self) -> Self {
-        self.with_clock(Clock::tokio(), "with_tokio_clock")
-    }
-
-    fn with_clock(self, clock: Clock, method: &str) -> Self {
-        assert!(
-            self.inner.clock.set(clock).is_ok(),
-            "RateLimiter::{method}: choose the clock before the first use"
-        );
+        self.inner
+            .clock
+            .choose(Clock::tokio(), "RateLimiter::with_tokio_clock");
         self
     }
 
@@ -209,7 +203,7 @@ impl RateLimiter {
         match self
             .inner
             .tat
-            .check(self.inner.clock().now(), n, interval, burst)
+            .check(self.inner.clock.get().now(), n, interval, burst)
         {
             Decision::Granted => Ok(()),
             Decision::NotYet(wait) => Err(CheckError::NotYet {
@@ -283,13 +277,13 @@ impl RateLimiter {
                 burst,
             });
         }
-        let now = self.inner.clock().now();
+        let now = self.inner.clock.get().now();
         let (delay, reserved_tat) = self.inner.tat.reserve(now, n, interval, burst);
         let due = now.saturating_add(delay);
         Ok(Reservation {
             limiter: self.clone(),
             tokens: n,
-            due: self.inner.clock().instant(due),
+            due: self.inner.clock.get().instant(due),
             due_at: due,
             reserved_tat,
             delay: Duration::from_nanos(delay),
@@ -315,7 +309,9 @@ impl RateLimiter {
         );
         let new = nanos(Duration::from_secs(1) / per_second);
         let old = self.inner.interval.swap(new, Ordering::Relaxed);
-        self.inner.tat.rescale(self.inner.clock().now(), old, new);
+        self.inner
+            .tat
+            .rescale(self.inner.clock.get().now(), old, new);
     }
 
     /// Changes the burst of a live limiter.
@@ -347,7 +343,7 @@ impl RateLimiter {
     #[must_use]
     pub fn available(&self) -> u32 {
         let (interval, burst) = self.settings();
-        let now = self.inner.clock().now();
+        let now = self.inner.clock.get().now();
         let horizon = now.saturating_add(interval.saturating_mul(u64::from(burst)));
         let tat = self.inner.tat.load().max(now);
         u32::try_from(horizon.saturating_sub(tat) / interval).unwrap_or(u32::MAX)
@@ -416,7 +412,7 @@ impl Reservation {
     pub fn cancel(self) {
         let inner = &self.limiter.inner;
         inner.tat.cancel(
-            inner.clock().now(),
+            inner.clock.get().now(),
             self.tokens,
             self.interval,
             self.reserved_tat,

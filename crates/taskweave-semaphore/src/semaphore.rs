@@ -481,7 +481,7 @@ impl Inner {
             return tokio::select! {
                 biased;
                 acquired = &mut acquire => granted(acquired),
-                () = &mut cancelled, if watch_token => Err(AcquireError::Cancelled),
+                () = &mut cancelled => Err(AcquireError::Cancelled),
             };
         }
         loop {
