@@ -34,6 +34,8 @@
 //! ```
 
 mod error;
+#[cfg(all(test, taskweave_loom))]
+mod loom_permits;
 mod permit;
 mod semaphore;
 

@@ -14,6 +14,10 @@ use std::sync::{
     atomic::{AtomicBool, AtomicUsize, Ordering},
 };
 
+#[cfg(all(test, taskweave_loom))]
+use crate::loom_permits::{Semaphore as Permits, SemaphorePermit as PermitsPermit};
+#[cfg(not(all(test, taskweave_loom)))]
+use tokio::sync::{Semaphore as Permits, SemaphorePermit as PermitsPermit};
 use tokio::sync::{Notify, TryAcquireError as TokioTryAcquireError};
 use tokio_util::sync::{CancellationToken, DropGuard};
 
@@ -85,7 +89,8 @@ pub struct Semaphore {
 }
 
 pub(crate) struct Inner {
-    semaphore: tokio::sync::Semaphore,
+    /// tokio's semaphore (a model of its permit word in the loom models).
+    semaphore: Permits,
     capacity: AtomicUsize,
     /// Permits to retire as they are released: a shrink below the permits in use.
     debt: AtomicUsize,
@@ -118,13 +123,13 @@ impl Semaphore {
             "Semaphore::new: capacity must be greater than zero"
         );
         assert!(
-            capacity <= tokio::sync::Semaphore::MAX_PERMITS,
+            capacity <= Permits::MAX_PERMITS,
             "Semaphore::new: capacity must be at most {}",
-            tokio::sync::Semaphore::MAX_PERMITS
+            Permits::MAX_PERMITS
         );
         Semaphore {
             inner: Arc::new(Inner {
-                semaphore: tokio::sync::Semaphore::new(capacity),
+                semaphore: Permits::new(capacity),
                 capacity: AtomicUsize::new(capacity),
                 debt: AtomicUsize::new(0),
                 resized: Notify::new(),
@@ -379,9 +384,9 @@ impl Semaphore {
             "Semaphore::resize: capacity must be greater than zero"
         );
         assert!(
-            capacity <= tokio::sync::Semaphore::MAX_PERMITS,
+            capacity <= Permits::MAX_PERMITS,
             "Semaphore::resize: capacity must be at most {}",
-            tokio::sync::Semaphore::MAX_PERMITS
+            Permits::MAX_PERMITS
         );
         self.inner.resize(capacity);
     }
@@ -461,7 +466,7 @@ impl Inner {
         // it here too would cost a registration on the token for nothing.
         let watch_token =
             self.bound.as_ref() != Some(token) || !self.watching.load(Ordering::Acquire);
-        let mut granted = |acquired: Result<tokio::sync::SemaphorePermit<'_>, _>| match acquired {
+        let mut granted = |acquired: Result<PermitsPermit<'_>, _>| match acquired {
             Ok(permit) => {
                 permit.forget();
                 settle.granted = true;
@@ -507,23 +512,38 @@ impl Inner {
         let unpaid = self.pay_debt(permits as usize);
         if unpaid > 0 {
             self.semaphore.add_permits(unpaid);
-            // A shrink that ran between `pay_debt` and `add_permits` found too few free
-            // permits and left debt behind. `settle_debt` reads the debt with a
-            // read-modify-write so that it and
-            // the shrink's `fetch_add` are ordered: either it sees the debt (and settles
-            // it), or the shrink's settle that follows its `fetch_add` sees these permits.
-            // A plain load could miss both ways (the store-buffering pattern), leaving more
-            // permits free than the capacity until the next release; the loom model
-            // `a_shrink_racing_a_release_retires_exactly_what_it_owes` catches that.
+            // A shrink may have run between `pay_debt` and `add_permits`, found too few free
+            // permits and left debt behind: settle it now (see `settle_debt`).
             self.settle_debt();
         }
     }
 
-    /// Retires free permits against what a shrink still owes. Cheap when nothing is owed.
-    /// Called after permits went back to tokio's pool (a release, or a wait dropped with part
-    /// of its permits assigned), hence the read-modify-write explained in `release`.
+    /// Retires free permits against what a shrink still owes. Called after permits went
+    /// back to tokio's pool (a release, or a wait dropped with part of its permits assigned);
+    /// two plain loads when nothing is owed.
+    ///
+    /// The race it closes: a release adds permits (a write to tokio's permit word) then reads
+    /// the debt; a shrink writes the debt then looks for free permits. Two plain loads could
+    /// each miss the other's write (the store-buffering pattern) and leave permits free
+    /// beyond the new capacity for as long as the others stay out. The loom model
+    /// `a_shrink_racing_a_release_retires_exactly_what_it_owes` fails that way if the first
+    /// load below is removed.
+    ///
+    /// What orders them without a read-modify-write of our own (one cost 1.06 → 1.37 ×
+    /// tokio's `try_acquire` + release): every change to tokio's permit word is a
+    /// read-modify-write (tokio 1.54, `batch_semaphore.rs`), and the shrink's last step
+    /// after publishing its debt is one with `Release` ordering (`forget_permits`, a
+    /// `compare_exchange` `AcqRel`). So either that step comes after our addition in the
+    /// word's order and sees (and retires) our permits, or it comes before: then our
+    /// addition continues its release sequence, the `Acquire` load below (which reads our
+    /// addition or later) synchronises with it, and the debt load after it sees the debt.
+    /// `loom_permits` models the word with exactly these orderings.
     pub(crate) fn settle_debt(&self) {
-        if self.debt.fetch_add(0, Ordering::AcqRel) == 0 {
+        if self.semaphore.available_permits() == 0 {
+            // Nothing free to retire; later releases settle what they add.
+            return;
+        }
+        if self.debt.load(Ordering::Acquire) == 0 {
             return;
         }
         let _guard = self
@@ -727,7 +747,11 @@ mod loom_models {
     /// `releases` + 1 permits held, all but one released on threads of their own while the
     /// semaphore shrinks to 1.
     fn shrink_to_one_racing(releases: usize) {
-        loom::model(move || {
+        let mut model = loom::model::Builder::new();
+        // With two releases (three threads) the full search runs for hours; bounded at four
+        // preemptions it takes seconds. The one-release model is not bounded.
+        model.preemption_bound = Some(4);
+        model.check(move || {
             let semaphore = Semaphore::new(releases + 1);
             let kept = semaphore.try_acquire_owned().unwrap();
             let releasers: Vec<_> = (0..releases)
