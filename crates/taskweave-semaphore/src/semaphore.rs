@@ -16,9 +16,9 @@ use std::sync::{
 
 #[cfg(all(test, taskweave_loom))]
 use crate::loom_permits::{Semaphore as Permits, SemaphorePermit as PermitsPermit};
+use tokio::sync::{Notify, TryAcquireError as TokioTryAcquireError};
 #[cfg(not(all(test, taskweave_loom)))]
 use tokio::sync::{Semaphore as Permits, SemaphorePermit as PermitsPermit};
-use tokio::sync::{Notify, TryAcquireError as TokioTryAcquireError};
 use tokio_util::sync::{CancellationToken, DropGuard};
 
 use crate::{AcquireError, OwnedPermit, Permit, TryAcquireError};

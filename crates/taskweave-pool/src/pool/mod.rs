@@ -89,6 +89,9 @@ pub(crate) struct Shared<J, R, E> {
     /// The pool keeps a receiver of its own to drop the oldest job and to hand jobs back.
     pub(crate) queue_rx: async_channel::Receiver<Queued<J>>,
     on_dropped: Option<DropHook<J>>,
+    /// The token the pool was started with. Its cancellation (like that of the pool's own
+    /// token) closes the queue, so a `submit` waiting on either registers nothing on it.
+    given: CancellationToken,
     /// The pool's token (a child of the caller's) with its cheap flag; handlers see it
     /// through their `JobContext`.
     pub(crate) cancel: Arc<CancelState>,
@@ -191,8 +194,10 @@ where
             }
             None => (None, None),
         };
+        let given = token.clone();
         let token = token.child_token();
         let shared = Arc::new(Shared {
+            given,
             name: settings.name,
             overflow: settings.overflow,
             queue_tx,
@@ -249,6 +254,13 @@ where
     /// the job was not queued (it is dropped with the future) and the submission is counted
     /// as not accepted. To keep the job on cancellation, pass the token instead:
     /// `Cancelled(job)` hands it back.
+    ///
+    /// # Cost of the token
+    ///
+    /// Waiting on the token the pool was started with, or on [`token`](Self::token), costs
+    /// nothing extra: their cancellation closes the queue, which ends the wait. Any other
+    /// token is watched beside the wait (a registration on the token for each wait that
+    /// finds the queue full).
     pub async fn submit(&self, token: &CancellationToken, job: J) -> Result<u64, SubmitError<J>> {
         let shared = &self.handle.shared;
         let index = shared.counters.next_index.fetch_add(1, Ordering::Relaxed);
@@ -268,7 +280,24 @@ where
             }
         };
         // Slow path: wait inside the channel's own send, which wakes exactly when a worker
-        // frees a slot. A send future drops its message when it is cancelled, so the job sits
+        // frees a slot.
+        if token == &shared.given || token == shared.cancel.token() {
+            // Cancelling this token closes the queue (the pool's hook), which fails the send
+            // and hands the job back: no registration on the token, no slot. The common case
+            // (a service passes its token to the pool and to its submits) and the cheap one.
+            let sent = shared.queue_tx.send(Queued::Inline(index, job)).await;
+            unresolved.disarm();
+            let Err(async_channel::SendError(queued)) = sent else {
+                return Ok(index);
+            };
+            let (index, job) = queued.into_inline();
+            if token.is_cancelled() {
+                Counters::add(&shared.counters.refused, 1);
+                return Err(SubmitError::Cancelled(job));
+            }
+            return Err(self.refuse(Refused::Closed((index, job))).into());
+        }
+        // Any other token is watched beside the send. A send future drops its message when it is cancelled, so the job sits
         // in a slot that this call keeps a handle to and can take it back from.
         let slot = Arc::new(Mutex::new(Some(job)));
         let send = shared
@@ -639,7 +668,7 @@ enum Waited {
 
 /// A job in the queue, with its index.
 pub(crate) enum Queued<J> {
-    /// Queued without waiting.
+    /// Queued by value: without waiting, or by a `submit` whose token closes the queue.
     Inline(u64, J),
     /// Queued by a `submit` that had to wait; see `submit` for why it sits in a slot.
     Reclaimable(u64, Arc<Mutex<Option<J>>>),
@@ -655,11 +684,11 @@ impl<J> Queued<J> {
         }
     }
 
-    /// A job refused by `try_send` of `enqueue`, which only ever sends `Inline`.
+    /// A job refused by the channel, sent as `Inline` by `enqueue` or `submit`.
     fn into_inline(self) -> (u64, J) {
         match self.into_parts() {
             Some(parts) => parts,
-            None => unreachable!("enqueue only sends inline jobs"),
+            None => unreachable!("only inline jobs are sent where they can come back"),
         }
     }
 }

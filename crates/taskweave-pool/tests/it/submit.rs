@@ -10,17 +10,25 @@ use crate::support::Gate;
 
 /// A pool of one worker and a queue of one, whose handler waits at `gate`.
 fn gated_pool(overflow: Overflow, gate: &Gate) -> WorkerPool<u32, u32, String> {
+    gated_pool_on(CancellationToken::new(), overflow, gate)
+}
+
+/// [`gated_pool`] started with `token`.
+fn gated_pool_on(
+    token: CancellationToken,
+    overflow: Overflow,
+    gate: &Gate,
+) -> WorkerPool<u32, u32, String> {
     let gate = gate.clone();
-    WorkerPool::builder(1, 1).overflow(overflow).spawn(
-        CancellationToken::new(),
-        move |_token, job: u32| {
+    WorkerPool::builder(1, 1)
+        .overflow(overflow)
+        .spawn(token, move |_token, job: u32| {
             let gate = gate.clone();
             async move {
                 gate.pass().await;
                 Ok(job)
             }
-        },
-    )
+        })
 }
 
 /// Lets the worker take the first job, so the queue is empty and the worker busy.
@@ -134,6 +142,109 @@ async fn cancelling_the_pools_token_wakes_a_blocked_submitter_with_closed() {
         m.submitted,
         m.completed + m.failed + m.panicked + m.dropped + m.handed_back
     );
+}
+
+/// Which of the pool's own tokens a submit waits on: the one it was started with, or the
+/// pool's child of it.
+#[derive(Clone, Copy, Debug)]
+enum OwnToken {
+    Given,
+    Pools,
+}
+
+/// A pool started with `given`, its worker busy and its queue full; the token of `which`.
+async fn full_pool_and_own_token(
+    gate: &Gate,
+    which: OwnToken,
+) -> (WorkerPool<u32, u32, String>, CancellationToken) {
+    let given = CancellationToken::new();
+    let pool = gated_pool_on(given.clone(), Overflow::Block, gate);
+    occupy_worker(&pool).await;
+    pool.try_submit(1).unwrap();
+    let token = match which {
+        OwnToken::Given => given,
+        OwnToken::Pools => pool.token(),
+    };
+    (pool, token)
+}
+
+#[tokio::test]
+async fn a_submit_waiting_on_the_pools_own_token_gets_through_when_a_slot_frees() {
+    for which in [OwnToken::Given, OwnToken::Pools] {
+        let gate = Gate::closed();
+        let (pool, token) = full_pool_and_own_token(&gate, which).await;
+        let mut submit = tokio_test::task::spawn(pool.submit(&token, 2));
+        assert_pending!(submit.poll(), "{which:?}");
+        assert_pending!(submit.poll(), "{which:?}: still full, the worker is busy");
+        gate.open(1);
+        while pool.len() == 1 {
+            tokio::task::yield_now().await;
+        }
+        assert!(submit.is_woken(), "{which:?}");
+        assert_eq!(assert_ready!(submit.poll()), Ok(2), "{which:?}");
+        drop(submit);
+        gate.open(2);
+        let m = pool.close().await.metrics;
+        assert_eq!((m.submitted, m.completed), (3, 3), "{which:?}");
+    }
+}
+
+#[tokio::test]
+async fn cancelling_the_pools_own_token_hands_a_waiting_submit_its_job_as_cancelled() {
+    for which in [OwnToken::Given, OwnToken::Pools] {
+        let gate = Gate::closed();
+        let (pool, token) = full_pool_and_own_token(&gate, which).await;
+        let mut submit = tokio_test::task::spawn(pool.submit(&token, 2));
+        assert_pending!(submit.poll(), "{which:?}");
+        token.cancel();
+        assert!(
+            submit.is_woken(),
+            "{which:?}: the cancellation closes the queue, which wakes the send"
+        );
+        assert_eq!(
+            assert_ready!(submit.poll()),
+            Err(SubmitError::Cancelled(2)),
+            "{which:?}"
+        );
+        drop(submit);
+        gate.open(1);
+        let report = pool.close().await;
+        assert_eq!(report.handed_back, vec![(1, 1)], "{which:?}: never started");
+        let m = report.metrics;
+        assert_eq!((m.submitted, m.rejected), (2, 0), "{which:?}");
+        assert_eq!(
+            m.submitted,
+            m.completed + m.failed + m.panicked + m.dropped + m.handed_back
+        );
+    }
+}
+
+#[tokio::test]
+async fn closing_the_pool_fails_a_submit_waiting_on_its_own_token_with_closed() {
+    let gate = Gate::closed();
+    let (pool, token) = full_pool_and_own_token(&gate, OwnToken::Given).await;
+    let mut submit = tokio_test::task::spawn(pool.submit(&token, 2));
+    assert_pending!(submit.poll());
+    let closer = pool.clone();
+    let mut close = tokio_test::task::spawn(async move { closer.close().await });
+    assert_pending!(close.poll());
+    assert!(submit.is_woken());
+    assert_eq!(assert_ready!(submit.poll()), Err(SubmitError::Closed(2)));
+    gate.open(2);
+    let m = close.await.metrics;
+    assert_eq!((m.submitted, m.completed, m.rejected), (2, 2, 1));
+}
+
+#[tokio::test]
+async fn a_submit_on_the_pools_own_token_dropped_while_waiting_is_counted_as_refused() {
+    let gate = Gate::closed();
+    let (pool, token) = full_pool_and_own_token(&gate, OwnToken::Given).await;
+    let mut submit = tokio_test::task::spawn(pool.submit(&token, 2));
+    assert_pending!(submit.poll());
+    drop(submit);
+    gate.open(2);
+    let m = pool.close().await.metrics;
+    assert_eq!((m.submitted, m.completed), (2, 2));
 }
 
 #[tokio::test]
