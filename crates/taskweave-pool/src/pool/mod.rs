@@ -370,32 +370,31 @@ where
     /// panicking `on_dropped` callback cannot make an accepted job look refused.
     fn enqueue(&self, (index, job): (u64, J)) -> Result<Vec<(u64, J)>, Refused<J>> {
         let shared = &self.handle.shared;
-        let mut item = Queued::Inline(index, job);
-        // The oldest jobs taken out to make room: dropped only once the new job is in.
+        let mut item = match shared.queue_tx.try_send(Queued::Inline(index, job)) {
+            Ok(()) => return Ok(Vec::new()),
+            Err(TrySendError::Closed(refused)) => {
+                return Err(Refused::Closed(refused.into_inline()));
+            }
+            Err(TrySendError::Full(refused)) if shared.overflow == Overflow::DropOldest => refused,
+            Err(TrySendError::Full(refused)) => return Err(Refused::Full(refused.into_inline())),
+        };
+        // Drop-oldest on a full queue. The oldest jobs taken out to make room are dropped
+        // only once the new job is in.
         let mut evicted = Vec::new();
-        let outcome = loop {
+        loop {
+            // A worker may take the oldest first; then the next try finds space.
+            evicted.extend(shared.queue_rx.try_recv().ok().and_then(Queued::into_parts));
             match shared.queue_tx.try_send(item) {
-                Ok(()) => break Ok(()),
+                Ok(()) => return Ok(evicted),
+                Err(TrySendError::Full(refused)) => item = refused,
                 Err(TrySendError::Closed(refused)) => {
-                    break Err(Refused::Closed(refused.into_inline()));
-                }
-                Err(TrySendError::Full(refused)) if shared.overflow == Overflow::DropOldest => {
-                    item = refused;
-                    // A worker may take the oldest first; then the next try finds space.
-                    evicted.extend(shared.queue_rx.try_recv().ok().and_then(Queued::into_parts));
-                }
-                Err(TrySendError::Full(refused)) => {
-                    break Err(Refused::Full(refused.into_inline()));
+                    // The pool closed in between: the evicted jobs were not replaced, so they
+                    // are handed back at close instead of being dropped for nothing.
+                    lock(&shared.returned).extend(evicted);
+                    return Err(Refused::Closed(refused.into_inline()));
                 }
             }
-        };
-        if let Err(refused) = outcome {
-            // The pool closed in between: the evicted jobs were not replaced, so they are
-            // handed back at close instead of being dropped for nothing.
-            lock(&shared.returned).extend(evicted);
-            return Err(refused);
         }
-        Ok(evicted)
     }
 
     /// Counts the evicted jobs as dropped and hands them to `on_dropped`.
