@@ -99,10 +99,16 @@ async fn worker_pool(workload: Workload, results: bool) -> u64 {
         pool.close().await;
     };
     if results {
-        let stream = pool.results().expect("enabled");
-        let consume = stream.fold(0_u64, |sum, (_, outcome)| async move {
-            sum.wrapping_add(outcome.unwrap_or_default())
-        });
+        let mut stream = pool.results().expect("enabled");
+        // The same loop as the hand-written pool's consumer (`fold` would add a future per
+        // item to our side only).
+        let consume = async move {
+            let mut sum = 0_u64;
+            while let Some((_, outcome)) = stream.next().await {
+                sum = sum.wrapping_add(outcome.unwrap_or_default());
+            }
+            sum
+        };
         tokio::join!(produce, consume).1
     } else {
         produce.await;
