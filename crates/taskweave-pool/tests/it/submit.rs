@@ -39,42 +39,111 @@ async fn occupy_worker(pool: &WorkerPool<u32, u32, String>) {
     }
 }
 
-#[tokio::test]
-async fn full_queue_blocks_submit_until_a_worker_frees_a_slot() {
-    let gate = Gate::closed();
-    let pool = gated_pool(Overflow::Block, &gate);
-    let token = CancellationToken::new();
+/// The token a blocked `submit` waits on: one the pool does not know (watched beside the
+/// wait), the one the pool was started with, or the pool's own child of it (both of which
+/// close the queue when cancelled, so the wait is the channel's alone).
+#[derive(Clone, Copy, Debug)]
+enum Caller {
+    Unrelated,
+    Given,
+    Pools,
+}
+
+const CALLERS: [Caller; 3] = [Caller::Unrelated, Caller::Given, Caller::Pools];
+
+/// A gated pool whose worker is busy with job 0 and whose queue holds job 1, and the token
+/// of `which`.
+async fn full_pool_for(
+    gate: &Gate,
+    which: Caller,
+) -> (WorkerPool<u32, u32, String>, CancellationToken) {
+    let given = CancellationToken::new();
+    let pool = gated_pool_on(given.clone(), Overflow::Block, gate);
     occupy_worker(&pool).await;
     pool.try_submit(1).unwrap();
     assert_eq!(pool.len(), 1);
+    let token = match which {
+        Caller::Unrelated => CancellationToken::new(),
+        Caller::Given => given,
+        Caller::Pools => pool.token(),
+    };
+    (pool, token)
+}
 
-    let mut submit = tokio_test::task::spawn(pool.submit(&token, 2));
-    assert_pending!(submit.poll());
-    assert_pending!(submit.poll(), "still full: the worker is busy");
+#[tokio::test]
+async fn full_queue_blocks_submit_until_a_worker_frees_a_slot() {
+    for which in CALLERS {
+        let gate = Gate::closed();
+        let (pool, token) = full_pool_for(&gate, which).await;
+        let mut submit = tokio_test::task::spawn(pool.submit(&token, 2));
+        assert_pending!(submit.poll(), "{which:?}");
+        assert_pending!(submit.poll(), "{which:?}: still full, the worker is busy");
 
-    gate.open(1); // job 0 ends; the worker takes job 1 and frees the slot
-    while pool.len() == 1 {
-        tokio::task::yield_now().await;
+        gate.open(1); // job 0 ends; the worker takes job 1 and frees the slot
+        while pool.len() == 1 {
+            tokio::task::yield_now().await;
+        }
+        assert!(
+            submit.is_woken(),
+            "{which:?}: freeing a slot wakes the blocked submitter"
+        );
+        assert_eq!(assert_ready!(submit.poll()), Ok(2), "{which:?}");
+        drop(submit);
+
+        gate.open(2);
+        let m = pool.close().await.metrics;
+        assert_eq!((m.submitted, m.completed), (3, 3), "{which:?}");
     }
-    assert!(
-        submit.is_woken(),
-        "freeing a slot wakes the blocked submitter"
-    );
-    assert_eq!(assert_ready!(submit.poll()).unwrap(), 2);
-    drop(submit);
+}
 
-    gate.open(2);
-    let report = pool.close().await;
-    assert_eq!(report.metrics.completed, 3);
+#[tokio::test]
+async fn closing_the_pool_wakes_a_blocked_submitter_with_closed() {
+    for which in CALLERS {
+        let gate = Gate::closed();
+        let (pool, token) = full_pool_for(&gate, which).await;
+        let mut submit = tokio_test::task::spawn(pool.submit(&token, 2));
+        assert_pending!(submit.poll(), "{which:?}");
+        let closer = pool.clone();
+        let mut close = tokio_test::task::spawn(async move { closer.close().await });
+        assert_pending!(close.poll(), "{which:?}");
+        assert!(submit.is_woken(), "{which:?}");
+        assert_eq!(
+            assert_ready!(submit.poll()),
+            Err(SubmitError::Closed(2)),
+            "{which:?}"
+        );
+        gate.open(2);
+        let m = close.await.metrics;
+        assert_eq!(
+            (m.submitted, m.completed, m.rejected),
+            (2, 2, 1),
+            "{which:?}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_submit_dropped_while_waiting_is_counted_as_refused() {
+    for which in CALLERS {
+        let gate = Gate::closed();
+        let (pool, token) = full_pool_for(&gate, which).await;
+        let mut submit = tokio_test::task::spawn(pool.submit(&token, 2));
+        assert_pending!(submit.poll(), "{which:?}");
+        drop(submit); // a caller's timeout gave up on it: job 2 was never accepted
+        gate.open(2);
+        let m = pool.close().await.metrics;
+        assert_eq!((m.submitted, m.completed), (2, 2), "{which:?}");
+        assert_eq!(
+            m.submitted,
+            m.completed + m.failed + m.panicked + m.dropped + m.handed_back
+        );
+    }
 }
 
 #[tokio::test]
 async fn cancelling_the_callers_token_hands_the_job_back() {
     let gate = Gate::closed();
-    let pool = gated_pool(Overflow::Block, &gate);
-    occupy_worker(&pool).await;
-    pool.try_submit(1).unwrap();
-    let token = CancellationToken::new();
+    let (pool, token) = full_pool_for(&gate, Caller::Unrelated).await;
     let mut submit = tokio_test::task::spawn(pool.submit(&token, 2));
     assert_pending!(submit.poll());
     token.cancel();
@@ -83,26 +152,6 @@ async fn cancelling_the_callers_token_hands_the_job_back() {
     drop(submit);
     gate.open(2);
     assert_eq!(pool.close().await.metrics.submitted, 2);
-}
-
-#[tokio::test]
-async fn closing_the_pool_wakes_a_blocked_submitter_with_closed() {
-    let gate = Gate::closed();
-    let pool = gated_pool(Overflow::Block, &gate);
-    occupy_worker(&pool).await;
-    pool.try_submit(1).unwrap();
-    let token = CancellationToken::new();
-    let mut submit = tokio_test::task::spawn(pool.submit(&token, 2));
-    assert_pending!(submit.poll());
-    let closer = pool.clone();
-    let mut close = tokio_test::task::spawn(async move { closer.close().await });
-    assert_pending!(close.poll());
-    assert!(submit.is_woken());
-    assert_eq!(assert_ready!(submit.poll()), Err(SubmitError::Closed(2)));
-    gate.open(2);
-    let report = close.await;
-    assert_eq!(report.metrics.completed, 2);
-    assert_eq!(report.metrics.rejected, 1);
 }
 
 #[tokio::test]
@@ -144,56 +193,11 @@ async fn cancelling_the_pools_token_wakes_a_blocked_submitter_with_closed() {
     );
 }
 
-/// Which of the pool's own tokens a submit waits on: the one it was started with, or the
-/// pool's child of it.
-#[derive(Clone, Copy, Debug)]
-enum OwnToken {
-    Given,
-    Pools,
-}
-
-/// A pool started with `given`, its worker busy and its queue full; the token of `which`.
-async fn full_pool_and_own_token(
-    gate: &Gate,
-    which: OwnToken,
-) -> (WorkerPool<u32, u32, String>, CancellationToken) {
-    let given = CancellationToken::new();
-    let pool = gated_pool_on(given.clone(), Overflow::Block, gate);
-    occupy_worker(&pool).await;
-    pool.try_submit(1).unwrap();
-    let token = match which {
-        OwnToken::Given => given,
-        OwnToken::Pools => pool.token(),
-    };
-    (pool, token)
-}
-
-#[tokio::test]
-async fn a_submit_waiting_on_the_pools_own_token_gets_through_when_a_slot_frees() {
-    for which in [OwnToken::Given, OwnToken::Pools] {
-        let gate = Gate::closed();
-        let (pool, token) = full_pool_and_own_token(&gate, which).await;
-        let mut submit = tokio_test::task::spawn(pool.submit(&token, 2));
-        assert_pending!(submit.poll(), "{which:?}");
-        assert_pending!(submit.poll(), "{which:?}: still full, the worker is busy");
-        gate.open(1);
-        while pool.len() == 1 {
-            tokio::task::yield_now().await;
-        }
-        assert!(submit.is_woken(), "{which:?}");
-        assert_eq!(assert_ready!(submit.poll()), Ok(2), "{which:?}");
-        drop(submit);
-        gate.open(2);
-        let m = pool.close().await.metrics;
-        assert_eq!((m.submitted, m.completed), (3, 3), "{which:?}");
-    }
-}
-
 #[tokio::test]
 async fn cancelling_the_pools_own_token_hands_a_waiting_submit_its_job_as_cancelled() {
-    for which in [OwnToken::Given, OwnToken::Pools] {
+    for which in [Caller::Given, Caller::Pools] {
         let gate = Gate::closed();
-        let (pool, token) = full_pool_and_own_token(&gate, which).await;
+        let (pool, token) = full_pool_for(&gate, which).await;
         let mut submit = tokio_test::task::spawn(pool.submit(&token, 2));
         assert_pending!(submit.poll(), "{which:?}");
         token.cancel();
@@ -217,34 +221,6 @@ async fn cancelling_the_pools_own_token_hands_a_waiting_submit_its_job_as_cancel
             m.completed + m.failed + m.panicked + m.dropped + m.handed_back
         );
     }
-}
-
-#[tokio::test]
-async fn closing_the_pool_fails_a_submit_waiting_on_its_own_token_with_closed() {
-    let gate = Gate::closed();
-    let (pool, token) = full_pool_and_own_token(&gate, OwnToken::Given).await;
-    let mut submit = tokio_test::task::spawn(pool.submit(&token, 2));
-    assert_pending!(submit.poll());
-    let closer = pool.clone();
-    let mut close = tokio_test::task::spawn(async move { closer.close().await });
-    assert_pending!(close.poll());
-    assert!(submit.is_woken());
-    assert_eq!(assert_ready!(submit.poll()), Err(SubmitError::Closed(2)));
-    gate.open(2);
-    let m = close.await.metrics;
-    assert_eq!((m.submitted, m.completed, m.rejected), (2, 2, 1));
-}
-
-#[tokio::test]
-async fn a_submit_on_the_pools_own_token_dropped_while_waiting_is_counted_as_refused() {
-    let gate = Gate::closed();
-    let (pool, token) = full_pool_and_own_token(&gate, OwnToken::Given).await;
-    let mut submit = tokio_test::task::spawn(pool.submit(&token, 2));
-    assert_pending!(submit.poll());
-    drop(submit);
-    gate.open(2);
-    let m = pool.close().await.metrics;
-    assert_eq!((m.submitted, m.completed), (2, 2));
 }
 
 #[tokio::test]
@@ -330,25 +306,6 @@ async fn try_submit_refuses_under_reject_and_evicts_under_drop_oldest() {
         gate.open(2);
         pool.close().await;
     }
-}
-
-#[tokio::test]
-async fn a_submit_dropped_while_waiting_is_counted_as_refused() {
-    let gate = Gate::closed();
-    let pool = gated_pool(Overflow::Block, &gate);
-    occupy_worker(&pool).await;
-    pool.try_submit(1).unwrap();
-    let token = CancellationToken::new();
-    let mut submit = tokio_test::task::spawn(pool.submit(&token, 2));
-    assert_pending!(submit.poll());
-    drop(submit); // a caller's timeout gave up on it: job 2 was never accepted
-    gate.open(2);
-    let m = pool.close().await.metrics;
-    assert_eq!(m.submitted, 2);
-    assert_eq!(
-        m.submitted,
-        m.completed + m.failed + m.panicked + m.dropped + m.handed_back
-    );
 }
 
 #[tokio::test]
