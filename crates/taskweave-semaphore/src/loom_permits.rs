@@ -8,7 +8,8 @@
 //!
 //! The model leaves out tokio's wait list and the mutex that guards it: the loom models
 //! never wait, and leaving a lock out only removes orderings, so a protocol correct here is
-//! correct with it.
+//! correct with it. The paths through the wait list (permits handed to a waiter, a dropped
+//! wait giving back part of its permits) are argued on `Inner::settle_debt`, not modelled.
 
 use loom::sync::atomic::{AtomicUsize, Ordering};
 use tokio::sync::TryAcquireError;
@@ -54,6 +55,9 @@ impl Semaphore {
     }
 
     pub(crate) fn add_permits(&self, n: usize) {
+        if n == 0 {
+            return;
+        }
         self.permits.fetch_add(n << SHIFT, Ordering::Release);
     }
 

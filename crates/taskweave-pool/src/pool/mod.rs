@@ -257,10 +257,13 @@ where
     ///
     /// # Cost of the token
     ///
-    /// Waiting on the token the pool was started with, or on [`token`](Self::token), costs
-    /// nothing extra: their cancellation closes the queue, which ends the wait. Any other
-    /// token is watched beside the wait (a registration on the token for each wait that
-    /// finds the queue full).
+    /// Waiting on the token the pool was started with (or a clone of it), or on
+    /// [`token`](Self::token), costs nothing extra: their cancellation closes the queue, which
+    /// ends the wait. Any other token, a child of those included, is watched beside the wait
+    /// (a registration on the token for each wait that finds the queue full). One visible
+    /// difference: on the pool's own tokens, a slot freed in the instant the token is
+    /// cancelled may still take the job (`Ok`; the job is then handed back by `close` if it
+    /// never starts), where a watched token is checked first and gives `Cancelled`.
     pub async fn submit(&self, token: &CancellationToken, job: J) -> Result<u64, SubmitError<J>> {
         let shared = &self.handle.shared;
         let index = shared.counters.next_index.fetch_add(1, Ordering::Relaxed);
@@ -297,8 +300,9 @@ where
             }
             return Err(self.refuse(Refused::Closed((index, job))).into());
         }
-        // Any other token is watched beside the send. A send future drops its message when it is cancelled, so the job sits
-        // in a slot that this call keeps a handle to and can take it back from.
+        // Any other token is watched beside the send. A send future drops its message when
+        // it is cancelled, so the job sits in a slot that this call keeps a handle to and can
+        // take it back from.
         let slot = Arc::new(Mutex::new(Some(job)));
         let send = shared
             .queue_tx

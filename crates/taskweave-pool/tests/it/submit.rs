@@ -224,6 +224,29 @@ async fn cancelling_the_pools_own_token_hands_a_waiting_submit_its_job_as_cancel
 }
 
 #[tokio::test]
+async fn cancelling_an_ancestor_of_the_pools_token_hands_a_waiting_submit_its_job_as_cancelled() {
+    let gate = Gate::closed();
+    let root = CancellationToken::new();
+    let given = root.child_token();
+    let pool = gated_pool_on(given.clone(), Overflow::Block, &gate);
+    occupy_worker(&pool).await;
+    pool.try_submit(1).unwrap();
+    let mut submit = tokio_test::task::spawn(pool.submit(&given, 2));
+    assert_pending!(submit.poll());
+    root.cancel();
+    assert!(
+        submit.is_woken(),
+        "the cancellation reaches the pool's hook"
+    );
+    assert_eq!(assert_ready!(submit.poll()), Err(SubmitError::Cancelled(2)));
+    drop(submit);
+    gate.open(1);
+    let report = pool.close().await;
+    assert_eq!(report.handed_back, vec![(1, 1)]);
+    assert_eq!(report.metrics.submitted, 2);
+}
+
+#[tokio::test]
 async fn reject_policy_refuses_a_full_queue_at_once() {
     let gate = Gate::closed();
     let pool = gated_pool(Overflow::Reject, &gate);
