@@ -113,10 +113,14 @@ impl<J, R, E> Shared<J, R, E> {
     /// Takes every accepted job that never started: those set aside by workers after a
     /// cancellation and those still queued, sorted by index.
     fn take_unstarted(&self) -> Vec<(u64, J)> {
-        let mut unstarted = std::mem::take(&mut *lock(&self.returned));
+        // The lock is held while draining the queue too: a drop-oldest `submit` moves a job
+        // from the queue to `returned` under it, so the job is found in one place or the other.
+        let mut returned = lock(&self.returned);
+        let mut unstarted = std::mem::take(&mut *returned);
         while let Ok(queued) = self.queue_rx.try_recv() {
             unstarted.extend(queued.into_parts());
         }
+        drop(returned);
         unstarted.sort_unstable_by_key(|(index, _)| *index);
         unstarted
     }
@@ -382,19 +386,35 @@ where
             Err(TrySendError::Full(refused)) if shared.overflow == Overflow::DropOldest => refused,
             Err(TrySendError::Full(refused)) => return Err(Refused::Full(refused.into_inline())),
         };
-        // Drop-oldest on a full queue. The oldest jobs taken out to make room are dropped
-        // only once the new job is in.
+        // Drop-oldest on a full queue. A job taken out to make room waits in `returned` until
+        // the new job is in, and only then is it dropped. If the pool closes in between, it
+        // stays there and `close` hands it back instead of it being dropped for nothing.
+        // Taken out and put there under the lock that `close` holds while it collects both
+        // places, so a close never misses a job that is between the two.
         let mut evicted = Vec::new();
         loop {
-            // A worker may take the oldest first; then the next try finds space.
-            evicted.extend(shared.queue_rx.try_recv().ok().and_then(Queued::into_parts));
+            {
+                let mut returned = lock(&shared.returned);
+                // A worker may take the oldest first; then the next try finds space.
+                if let Some((oldest, job)) =
+                    shared.queue_rx.try_recv().ok().and_then(Queued::into_parts)
+                {
+                    evicted.push(oldest);
+                    returned.push((oldest, job));
+                }
+            }
             match shared.queue_tx.try_send(item) {
-                Ok(()) => return Ok(evicted),
+                Ok(()) => {
+                    // Those a close has not collected meanwhile (it hands them back).
+                    let mut returned = lock(&shared.returned);
+                    let (dropped, kept) = std::mem::take(&mut *returned)
+                        .into_iter()
+                        .partition(|(queued, _)| evicted.contains(queued));
+                    *returned = kept;
+                    return Ok(dropped);
+                }
                 Err(TrySendError::Full(refused)) => item = refused,
                 Err(TrySendError::Closed(refused)) => {
-                    // The pool closed in between: the evicted jobs were not replaced, so they
-                    // are handed back at close instead of being dropped for nothing.
-                    lock(&shared.returned).extend(evicted);
                     return Err(Refused::Closed(refused.into_inline()));
                 }
             }
