@@ -404,13 +404,12 @@ where
                 }
             }
             match shared.queue_tx.try_send(item) {
+                Ok(()) if evicted.is_empty() => return Ok(Vec::new()),
                 Ok(()) => {
                     // Those a close has not collected meanwhile (it hands them back).
-                    let mut returned = lock(&shared.returned);
-                    let (dropped, kept) = std::mem::take(&mut *returned)
-                        .into_iter()
-                        .partition(|(queued, _)| evicted.contains(queued));
-                    *returned = kept;
+                    let dropped = lock(&shared.returned)
+                        .extract_if(.., |(queued, _)| evicted.contains(queued))
+                        .collect();
                     return Ok(dropped);
                 }
                 Err(TrySendError::Full(refused)) => item = refused,
