@@ -6,7 +6,7 @@ use std::fmt;
 use std::future::Future;
 use std::panic::{AssertUnwindSafe, PanicHookInfo};
 use std::pin::Pin;
-use std::sync::{Arc, Once};
+use std::sync::Once;
 use std::task::{Context, Poll};
 
 use pin_project_lite::pin_project;
@@ -137,10 +137,10 @@ impl<F: Future> Future for CatchPanic<F> {
                     return Poll::Ready(Err(error));
                 }
                 tracing::error!(
-                    task = %error.name,
-                    panic = %error.message,
-                    location = error.location.as_deref().unwrap_or("unknown"),
-                    backtrace = %error.backtrace,
+                    task = %error.name(),
+                    panic = %error.message(),
+                    location = error.location().unwrap_or("unknown"),
+                    backtrace = %error.backtrace(),
                     "task panicked"
                 );
                 Poll::Ready(Err(error))
@@ -204,32 +204,34 @@ fn install_hook() {
 }
 
 fn panic_error(name: TaskName, payload: &(dyn std::any::Any + Send)) -> PanicError {
-    let message = if let Some(text) = payload.downcast_ref::<&'static str>() {
-        (*text).to_owned()
-    } else if let Some(text) = payload.downcast_ref::<String>() {
-        text.clone()
-    } else {
-        "Box<dyn Any>".to_owned()
+    let message = payload_message(payload);
+    let (location, backtrace) = match take_site(&message) {
+        Some(site) => (site.location, site.backtrace),
+        None => (None, Backtrace::disabled()),
     };
-    // The latest site recorded on this thread belongs to this panic unless user code caught
-    // a panic of its own in between and this one skipped the hook (`resume_unwind`): the
-    // message tells them apart.
-    let site = LAST_PANIC
+    PanicError::new(name, message, location, backtrace)
+}
+
+/// Takes the site the hook recorded on this thread. It belongs to the panic with `message`
+/// unless user code caught a panic of its own in between and this one skipped the hook
+/// (`resume_unwind`): the message tells them apart.
+fn take_site(message: &str) -> Option<PanicSite> {
+    LAST_PANIC
         .with(|slot| slot.borrow_mut().take())
         .filter(|site| {
             site.message
                 .as_deref()
                 .is_none_or(|recorded| recorded == message)
-        });
-    let (location, backtrace) = match site {
-        Some(site) => (site.location, site.backtrace),
-        None => (None, Backtrace::disabled()),
-    };
-    PanicError {
-        name,
-        message,
-        location,
-        backtrace: Arc::new(backtrace),
+        })
+}
+
+fn payload_message(payload: &(dyn std::any::Any + Send)) -> String {
+    if let Some(text) = payload.downcast_ref::<&'static str>() {
+        (*text).to_owned()
+    } else if let Some(text) = payload.downcast_ref::<String>() {
+        text.clone()
+    } else {
+        "Box<dyn Any>".to_owned()
     }
 }
 
@@ -239,8 +241,8 @@ pub(crate) fn panic_error_from_payload(
     name: TaskName,
     payload: &(dyn std::any::Any + Send),
 ) -> PanicError {
-    let mut error = panic_error(name, payload);
-    error.location = None;
-    error.backtrace = Arc::new(Backtrace::disabled());
-    error
+    let message = payload_message(payload);
+    // Taken so that it cannot be matched to a later panic; not reported, as before.
+    let _site = take_site(&message);
+    PanicError::new(name, message, None, Backtrace::disabled())
 }
