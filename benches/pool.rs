@@ -10,6 +10,13 @@
 //! - `JoinSet+Semaphore`: a task per job, at most 4 running, joined through the `JoinSet`;
 //! - `spawn_per_job`: `tokio::spawn` per job, no bound, handles awaited in order.
 //!
+//! Each submits from the future given to `block_on`, which on the multi-thread runtime runs
+//! on a third thread beside the runtime's two. On that runtime the three handing-off designs
+//! are also measured with the submitting loop in a task of the runtime (`…/in_task`), as
+//! in a service whose request handlers submit; and for the CPU jobs, `parallel_cpu_work`
+//! does the jobs on two plain threads, half each: what two cores of this machine actually
+//! give, next to the nominal ideal of half the serial time.
+//!
 //! `cargo bench -p taskweave-benches --bench pool`; ratios in `docs/benchmarks.md`.
 
 #[path = "common.rs"]
@@ -212,6 +219,26 @@ async fn spawn_per_job(workload: Workload, results: bool) -> u64 {
     sum
 }
 
+/// Runs `producer` in a task of the runtime instead of on the thread that calls `block_on`.
+async fn in_task<F>(producer: F) -> u64
+where
+    F: Future<Output = u64> + Send + 'static,
+{
+    tokio::spawn(producer)
+        .await
+        .expect("the producer does not panic")
+}
+
+/// The CPU jobs on two plain threads, half each: the real two-core floor of this machine.
+fn parallel_cpu_work(jobs: u64) -> u64 {
+    let half = jobs / 2;
+    std::thread::scope(|scope| {
+        let first = scope.spawn(|| (0..half).fold(0_u64, |sum, input| sum ^ cpu_work(input)));
+        let second = (half..jobs).fold(0_u64, |sum, input| sum ^ cpu_work(input));
+        first.join().expect("cpu_work does not panic") ^ second
+    })
+}
+
 fn pool(c: &mut Criterion) {
     for (flavor, runtime) in common::runtimes() {
         for workload in [Workload::Trivial, Workload::YieldOnce, Workload::Cpu] {
@@ -239,10 +266,24 @@ fn pool(c: &mut Criterion) {
                 group.bench_function(BenchmarkId::new("spawn_per_job", jobs), |b| {
                     b.iter(|| runtime.block_on(spawn_per_job(workload, results)));
                 });
+                if flavor == "multi_thread_2" {
+                    group.bench_function(BenchmarkId::new("WorkerPool/in_task", jobs), |b| {
+                        b.iter(|| runtime.block_on(in_task(worker_pool(workload, results))));
+                    });
+                    group.bench_function(BenchmarkId::new("async-channel/in_task", jobs), |b| {
+                        b.iter(|| runtime.block_on(in_task(async_channel_pool(workload, results))));
+                    });
+                    group.bench_function(BenchmarkId::new("spawn_per_job/in_task", jobs), |b| {
+                        b.iter(|| runtime.block_on(in_task(spawn_per_job(workload, results))));
+                    });
+                }
                 if matches!(workload, Workload::Cpu) && !results {
                     // The ideal for CPU work on 2 cores is half of this serial figure.
                     group.bench_function(BenchmarkId::new("serial_cpu_work", jobs), |b| {
                         b.iter(|| (0..jobs).fold(0_u64, |sum, input| sum ^ cpu_work(input)));
+                    });
+                    group.bench_function(BenchmarkId::new("parallel_cpu_work", jobs), |b| {
+                        b.iter(|| parallel_cpu_work(jobs));
                     });
                 }
                 group.finish();
