@@ -95,7 +95,9 @@ pub(crate) struct Shared<J, R, E> {
     /// The pool's token (a child of the caller's) with its cheap flag; handlers see it
     /// through their `JobContext`.
     pub(crate) cancel: Arc<CancelState>,
-    /// Jobs a worker received after the token was cancelled; handed back by `close`.
+    /// Accepted jobs out of the queue that never started: taken by a worker after the token
+    /// was cancelled, or taken out by a drop-oldest `submit` that has not yet got its own job
+    /// in. Handed back by `close`, which collects them and the queue under this lock.
     pub(crate) returned: Mutex<Vec<(u64, J)>>,
     /// Set when the last handle is dropped: nobody can collect handed-back jobs any more.
     pub(crate) detached: AtomicBool,
@@ -386,31 +388,27 @@ where
             Err(TrySendError::Full(refused)) if shared.overflow == Overflow::DropOldest => refused,
             Err(TrySendError::Full(refused)) => return Err(Refused::Full(refused.into_inline())),
         };
-        // Drop-oldest on a full queue. A job taken out to make room waits in `returned` until
-        // the new job is in, and only then is it dropped. If the pool closes in between, it
-        // stays there and `close` hands it back instead of it being dropped for nothing.
-        // Taken out and put there under the lock that `close` holds while it collects both
-        // places, so a close never misses a job that is between the two.
+        // Drop-oldest on a full queue. Each attempt takes the oldest job out and tries the new
+        // one in under the lock that `close` holds while it collects the queue and `returned`,
+        // so a close never misses a job between the two places. A job taken out waits in
+        // `returned` between attempts (a worker freed no slot); it is dropped once the new job
+        // is in, or handed back by `close` if the pool closed first.
         let mut evicted = Vec::new();
         loop {
+            let mut returned = lock(&shared.returned);
+            // A worker may take the oldest first; then the try finds space.
+            if let Some((oldest, job)) =
+                shared.queue_rx.try_recv().ok().and_then(Queued::into_parts)
             {
-                let mut returned = lock(&shared.returned);
-                // A worker may take the oldest first; then the next try finds space.
-                if let Some((oldest, job)) =
-                    shared.queue_rx.try_recv().ok().and_then(Queued::into_parts)
-                {
-                    evicted.push(oldest);
-                    returned.push((oldest, job));
-                }
+                evicted.push(oldest);
+                returned.push((oldest, job));
             }
             match shared.queue_tx.try_send(item) {
                 Ok(()) if evicted.is_empty() => return Ok(Vec::new()),
                 Ok(()) => {
-                    // Those a close has not collected meanwhile (it hands them back).
-                    let dropped = lock(&shared.returned)
+                    return Ok(returned
                         .extract_if(.., |(queued, _)| evicted.contains(queued))
-                        .collect();
-                    return Ok(dropped);
+                        .collect());
                 }
                 Err(TrySendError::Full(refused)) => item = refused,
                 Err(TrySendError::Closed(refused)) => {
@@ -423,8 +421,9 @@ where
     /// Counts the evicted jobs as dropped and hands them to `on_dropped`.
     fn drop_evicted(&self, evicted: Vec<(u64, J)>) {
         let shared = &self.handle.shared;
+        // All counted first: a panicking `on_dropped` must not leave the rest uncounted.
+        Counters::add(&shared.counters.dropped, evicted.len() as u64);
         for (dropped_index, dropped) in evicted {
-            Counters::add(&shared.counters.dropped, 1);
             tracing::debug!(pool = %shared.name, job = dropped_index, "queue full: oldest job dropped");
             if let Some(on_dropped) = &shared.on_dropped {
                 on_dropped(dropped_index, dropped);

@@ -176,3 +176,61 @@ proptest! {
         }
     }
 }
+
+/// Drop-oldest submitters on other OS threads racing a plain close on a multi-thread runtime:
+/// every accepted job is accounted for exactly once, in the close report included. (The
+/// proptest above runs on one thread, where a submission never interleaves with a close.)
+#[test]
+fn drop_oldest_submitters_on_other_threads_racing_a_close_balance_the_books() {
+    const THREADS: u64 = 3;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    for round in 0..20 {
+        let pool = runtime.block_on(async {
+            WorkerPool::builder(1, 1)
+                .overflow(Overflow::DropOldest)
+                .spawn(CancellationToken::new(), |_context, job: u64| async move {
+                    Ok::<_, String>(job)
+                })
+        });
+        // Each submits until the pool refuses, and returns how many times it tried.
+        let submitters: Vec<_> = (0..THREADS)
+            .map(|_| {
+                let pool = pool.clone();
+                std::thread::spawn(move || {
+                    let mut attempts = 1;
+                    while pool.try_submit(attempts).is_ok() {
+                        attempts += 1;
+                    }
+                    attempts
+                })
+            })
+            .collect();
+        // Close while they are submitting.
+        while pool.metrics().submitted < 300 {
+            std::thread::yield_now();
+        }
+        let report = runtime.block_on(pool.close());
+        let attempts: u64 = submitters.into_iter().map(|s| s.join().unwrap()).sum();
+        let m = pool.metrics();
+        assert_eq!(
+            m.submitted + THREADS,
+            attempts,
+            "round {round}: one refusal each"
+        );
+        assert_eq!(
+            m.submitted,
+            m.completed + m.failed + m.panicked + m.dropped + m.handed_back,
+            "round {round}: {m:?}"
+        );
+        assert_eq!(
+            m.handed_back,
+            report.handed_back.len() as u64,
+            "round {round}"
+        );
+        assert_eq!((m.queued, m.in_flight), (0, 0), "round {round}");
+    }
+}

@@ -30,6 +30,14 @@ fn public_types_are_send_sync_and_unpin() {
     let supervisor = Supervisor::new(tokio_util::sync::CancellationToken::new());
     send_future(supervisor.shutdown(std::time::Duration::from_secs(1)));
     send_future(supervisor.wait());
+    // A caught panic can be carried out of a `catch_unwind` of the caller's own, and is one
+    // pointer wide, so `Result`s and channels carrying it stay small.
+    fn unwind_safe<T: std::panic::UnwindSafe + std::panic::RefUnwindSafe>() {}
+    unwind_safe::<PanicError>();
+    assert_eq!(
+        std::mem::size_of::<PanicError>(),
+        std::mem::size_of::<usize>()
+    );
     // Errors must work with `Box<dyn Error + Send + Sync>` and `anyhow`.
     send_sync::<Box<dyn std::error::Error + Send + Sync>>();
     let _: Box<dyn std::error::Error + Send + Sync> = Box::new(TaskError::Aborted {
