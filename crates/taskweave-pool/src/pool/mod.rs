@@ -289,8 +289,8 @@ where
             }
         };
         // Slow path: wait inside the channel's own send, which wakes exactly when a worker
-        // frees a slot.
-        if token == &shared.given || token == shared.cancel.token() {
+        // frees a slot. Ends queued (`Ok`) or with the job back and why.
+        let (waited, job) = if token == &shared.given || token == shared.cancel.token() {
             // Cancelling this token closes the queue (the pool's hook), which fails the send
             // and hands the job back: no registration on the token, no slot. The common case
             // (a service passes its token to the pool and to its submits) and the cheap one.
@@ -299,35 +299,38 @@ where
             let Err(async_channel::SendError(queued)) = sent else {
                 return Ok(index);
             };
-            let (index, job) = queued.into_inline();
-            if token.is_cancelled() {
-                Counters::add(&shared.counters.refused, 1);
-                return Err(SubmitError::Cancelled(job));
+            let waited = if token.is_cancelled() {
+                Waited::Cancelled
+            } else {
+                Waited::Closed
+            };
+            (waited, queued.into_inline().1)
+        } else {
+            // Any other token is watched beside the send. A send future drops its message
+            // when it is cancelled, so the job sits in a slot that this call keeps a handle
+            // to and can take it back from.
+            let slot = Arc::new(Mutex::new(Some(job)));
+            let send = shared
+                .queue_tx
+                .send(Queued::Reclaimable(index, Arc::clone(&slot)));
+            // The pool's own cancellation closes the queue, which fails the send: no need to
+            // watch its token here.
+            let waited = tokio::select! {
+                biased;
+                () = token.cancelled() => Waited::Cancelled,
+                sent = send => if sent.is_ok() { Waited::Queued } else { Waited::Closed },
+            };
+            unresolved.disarm();
+            if waited == Waited::Queued {
+                return Ok(index);
             }
-            return Err(self.refuse(Refused::Closed((index, job))).into());
-        }
-        // Any other token is watched beside the send. A send future drops its message when
-        // it is cancelled, so the job sits in a slot that this call keeps a handle to and can
-        // take it back from.
-        let slot = Arc::new(Mutex::new(Some(job)));
-        let send = shared
-            .queue_tx
-            .send(Queued::Reclaimable(index, Arc::clone(&slot)));
-        // The pool's own cancellation closes the queue, which fails the send: no need to
-        // watch its token here.
-        let waited = tokio::select! {
-            biased;
-            () = token.cancelled() => Waited::Cancelled,
-            sent = send => if sent.is_ok() { Waited::Queued } else { Waited::Closed },
-        };
-        unresolved.disarm();
-        if waited == Waited::Queued {
-            return Ok(index);
-        }
-        // Not queued: the send future, dropped or failed, no longer holds the slot, so the job
-        // is still in it. (An empty slot would mean a worker took the job: it was queued.)
-        let Some(job) = lock(&slot).take() else {
-            return Ok(index);
+            // Not queued: the send future, dropped or failed, no longer holds the slot, so
+            // the job is still in it. (An empty slot would mean a worker took the job: it was
+            // queued.)
+            let Some(job) = lock(&slot).take() else {
+                return Ok(index);
+            };
+            (waited, job)
         };
         match waited {
             Waited::Cancelled => {
@@ -404,7 +407,6 @@ where
                 returned.push((oldest, job));
             }
             match shared.queue_tx.try_send(item) {
-                Ok(()) if evicted.is_empty() => return Ok(Vec::new()),
                 Ok(()) => {
                     return Ok(returned
                         .extract_if(.., |(queued, _)| evicted.contains(queued))
