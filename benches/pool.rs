@@ -5,7 +5,9 @@
 //! without collecting results. Implementations:
 //!
 //! - `WorkerPool`: ours (`submit` in a loop, then `close`; results through its stream);
-//! - `async-channel`: the raw lower bound, a bounded async-channel and 4 spawned workers;
+//! - `async-channel`: the raw lower bound the issue names, a bounded async-channel and 4
+//!   spawned workers (no panic capture, no accounting);
+//! - `flume`: the same with flume, the fastest well-kept channel crate we measured;
 //! - `buffer_unordered`: `stream::iter(jobs).map(handler).buffer_unordered(4)` in one task;
 //! - `JoinSet+Semaphore`: a task per job, at most 4 running, joined through the `JoinSet`;
 //! - `spawn_per_job`: `tokio::spawn` per job, no bound, handles awaited in order.
@@ -160,6 +162,42 @@ async fn async_channel_pool(workload: Workload, results: bool) -> u64 {
     tokio::join!(produce, consume).1
 }
 
+async fn flume_pool(workload: Workload, results: bool) -> u64 {
+    let (job_tx, job_rx) = flume::bounded::<u64>(CAPACITY);
+    let (result_tx, result_rx) = flume::bounded::<u64>(CAPACITY);
+    let mut workers = Vec::with_capacity(WORKERS);
+    for _ in 0..WORKERS {
+        let job_rx = job_rx.clone();
+        let result_tx = result_tx.clone();
+        workers.push(tokio::spawn(async move {
+            while let Ok(input) = job_rx.recv_async().await {
+                let output = job(workload, input).await;
+                if results {
+                    let _ = result_tx.send_async(output).await;
+                }
+            }
+        }));
+    }
+    drop(result_tx);
+    let produce = async {
+        for input in 0..workload.jobs() {
+            job_tx.send_async(input).await.unwrap();
+        }
+        drop(job_tx);
+        for worker in workers {
+            worker.await.unwrap();
+        }
+    };
+    let consume = async {
+        let mut sum = 0_u64;
+        while let Ok(output) = result_rx.recv_async().await {
+            sum = sum.wrapping_add(output);
+        }
+        sum
+    };
+    tokio::join!(produce, consume).1
+}
+
 async fn buffer_unordered(workload: Workload, results: bool) -> u64 {
     let outputs = futures::stream::iter(0..workload.jobs())
         .map(|input| job(workload, input))
@@ -257,6 +295,9 @@ fn pool(c: &mut Criterion) {
                 });
                 group.bench_function(BenchmarkId::new("async-channel", jobs), |b| {
                     b.iter(|| runtime.block_on(async_channel_pool(workload, results)));
+                });
+                group.bench_function(BenchmarkId::new("flume", jobs), |b| {
+                    b.iter(|| runtime.block_on(flume_pool(workload, results)));
                 });
                 group.bench_function(BenchmarkId::new("buffer_unordered", jobs), |b| {
                     b.iter(|| runtime.block_on(buffer_unordered(workload, results)));

@@ -35,6 +35,7 @@ mod batch;
 mod context;
 mod error;
 mod pool;
+mod queue;
 
 pub use batch::{BatchReport, run};
 pub use context::JobContext;

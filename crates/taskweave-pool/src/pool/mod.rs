@@ -11,7 +11,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use async_channel::TrySendError;
 use taskweave_supervise::{PanicError, Supervisor, TaskName};
 use tokio_util::sync::CancellationToken;
 
@@ -19,8 +18,12 @@ pub use builder::{Overflow, WorkerPoolBuilder};
 pub use metrics::{CloseReport, PoolMetrics};
 pub use results::Results;
 
+/// Where the workers put `(index, outcome)` for the results stream.
+pub(crate) type ResultsQueue<R, E> = Queue<(u64, JobResult<R, E>)>;
+
 use crate::context::CancelState;
-use crate::{JobContext, SubmitError, TrySubmitError};
+use crate::queue::{Queue, TrySendError};
+use crate::{JobContext, JobResult, SubmitError, TrySubmitError};
 use builder::DropHook;
 use metrics::Counters;
 
@@ -85,9 +88,11 @@ struct Handle<J, R, E> {
 pub(crate) struct Shared<J, R, E> {
     pub(crate) name: TaskName,
     pub(crate) overflow: Overflow,
-    queue_tx: async_channel::Sender<Queued<J>>,
-    /// The pool keeps a receiver of its own to drop the oldest job and to hand jobs back.
-    pub(crate) queue_rx: async_channel::Receiver<Queued<J>>,
+    /// The accepted jobs that have not started, with their indices.
+    pub(crate) queue: Arc<Queue<(u64, J)>>,
+    /// The results stream's queue, when it is enabled. The last worker out closes it (the
+    /// stream then ends once drained); so does dropping the stream.
+    pub(crate) results_queue: Option<Arc<ResultsQueue<R, E>>>,
     on_dropped: Option<DropHook<J>>,
     /// The token the pool was started with. Its cancellation (like that of the pool's own
     /// token) closes the queue, so a `submit` waiting on either registers nothing on it.
@@ -95,9 +100,8 @@ pub(crate) struct Shared<J, R, E> {
     /// The pool's token (a child of the caller's) with its cheap flag; handlers see it
     /// through their `JobContext`.
     pub(crate) cancel: Arc<CancelState>,
-    /// Accepted jobs out of the queue that never started: taken by a worker after the token
-    /// was cancelled, or taken out by a drop-oldest `submit` that has not yet got its own job
-    /// in. Handed back by `close`, which collects them and the queue under this lock.
+    /// Accepted jobs taken out of the queue by a worker after the token was cancelled: they
+    /// never started. Handed back by `close` with what is still queued.
     pub(crate) returned: Mutex<Vec<(u64, J)>>,
     /// Set when the last handle is dropped: nobody can collect handed-back jobs any more.
     pub(crate) detached: AtomicBool,
@@ -109,20 +113,14 @@ pub(crate) struct Shared<J, R, E> {
 impl<J, R, E> Shared<J, R, E> {
     /// Closes the queue (idempotent); blocked submitters wake up and get their job back.
     pub(crate) fn close_queue(&self) -> bool {
-        self.queue_tx.close()
+        self.queue.close()
     }
 
     /// Takes every accepted job that never started: those set aside by workers after a
     /// cancellation and those still queued, sorted by index.
     fn take_unstarted(&self) -> Vec<(u64, J)> {
-        // The lock is held while draining the queue too: a drop-oldest `submit` moves a job
-        // from the queue to `returned` under it, so the job is found in one place or the other.
-        let mut returned = lock(&self.returned);
-        let mut unstarted = std::mem::take(&mut *returned);
-        while let Ok(queued) = self.queue_rx.try_recv() {
-            unstarted.extend(queued.into_parts());
-        }
-        drop(returned);
+        let mut unstarted = std::mem::take(&mut *lock(&self.returned));
+        unstarted.extend(self.queue.drain());
         unstarted.sort_unstable_by_key(|(index, _)| *index);
         unstarted
     }
@@ -191,23 +189,22 @@ where
         H: Fn(JobContext, J) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Result<R, E>> + Send + 'static,
     {
-        let (queue_tx, queue_rx) = async_channel::bounded(settings.capacity);
-        let closer = queue_tx.clone();
-        let (results_tx, results) = match settings.results {
-            Some(capacity) => {
-                let (tx, rx) = async_channel::bounded(capacity);
-                (Some(tx), Some(Results::new(rx)))
-            }
-            None => (None, None),
-        };
+        let queue = Arc::new(Queue::new(settings.capacity));
+        let closer = Arc::clone(&queue);
+        let results_queue = settings
+            .results
+            .map(|capacity| Arc::new(Queue::new(capacity)));
+        let results = results_queue
+            .as_ref()
+            .map(|queue| Results::new(Arc::clone(queue)));
         let given = token.clone();
         let token = token.child_token();
         let shared = Arc::new(Shared {
             given,
             name: settings.name,
             overflow: settings.overflow,
-            queue_tx,
-            queue_rx,
+            queue,
+            results_queue,
             on_dropped: settings.on_dropped,
             workers: Supervisor::new(token.clone()),
             // Cancellation closes the queue: workers blocked in `recv` and submitters blocked
@@ -223,12 +220,8 @@ where
         let handler = Arc::new(handler);
         Counters::add(&shared.counters.workers_alive, settings.workers as u64);
         for worker in 0..settings.workers {
-            let task = worker::work(
-                Arc::clone(&shared),
-                worker,
-                Arc::clone(&handler),
-                results_tx.clone(),
-            );
+            let exit = worker::WorkerExit::new(Arc::clone(&shared));
+            let task = worker::work(exit, worker, Arc::clone(&handler));
             let name = format!("{}-worker-{worker}", shared.name);
             if shared.workers.spawn(name, task).is_err() {
                 unreachable!("a new supervisor is open");
@@ -288,57 +281,40 @@ where
                 return Err(self.refuse(refused).into());
             }
         };
-        // Slow path: wait inside the channel's own send, which wakes exactly when a worker
-        // frees a slot. Ends queued (`Ok`) or with the job back and why.
-        let (waited, job) = if token == &shared.given || token == shared.cancel.token() {
-            // Cancelling this token closes the queue (the pool's hook), which fails the send
-            // and hands the job back: no registration on the token, no slot. The common case
-            // (a service passes its token to the pool and to its submits) and the cheap one.
-            let sent = shared.queue_tx.send(Queued::Inline(index, job)).await;
-            unresolved.disarm();
-            let Err(async_channel::SendError(queued)) = sent else {
-                return Ok(index);
-            };
-            let waited = if token.is_cancelled() {
-                Waited::Cancelled
-            } else {
-                Waited::Closed
-            };
-            (waited, queued.into_inline().1)
+        // Slow path: wait for room. The send keeps the job until it is queued, so however
+        // the wait ends, the job is either in the queue or back in our hands.
+        let mut send = shared.queue.send((index, job));
+        let (cancelled, unsent) = if token == &shared.given || token == shared.cancel.token() {
+            // Cancelling this token closes the queue (the pool's hook), which ends the send:
+            // no registration on the token. The common case (a service passes its token to
+            // the pool and to its submits) and the cheap one.
+            match (&mut send).await {
+                Ok(()) => (false, None),
+                Err(unsent) => (token.is_cancelled(), Some(unsent)),
+            }
         } else {
-            // Any other token is watched beside the send. A send future drops its message
-            // when it is cancelled, so the job sits in a slot that this call keeps a handle
-            // to and can take it back from.
-            let slot = Arc::new(Mutex::new(Some(job)));
-            let send = shared
-                .queue_tx
-                .send(Queued::Reclaimable(index, Arc::clone(&slot)));
-            // The pool's own cancellation closes the queue, which fails the send: no need to
-            // watch its token here.
-            let waited = tokio::select! {
+            // Any other token is watched beside the send. The pool's own cancellation closes
+            // the queue, which ends the send: no need to watch its token here.
+            let sent = tokio::select! {
                 biased;
-                () = token.cancelled() => Waited::Cancelled,
-                sent = send => if sent.is_ok() { Waited::Queued } else { Waited::Closed },
+                () = token.cancelled() => None,
+                sent = &mut send => Some(sent),
             };
-            unresolved.disarm();
-            if waited == Waited::Queued {
-                return Ok(index);
+            match sent {
+                Some(Ok(())) => (false, None),
+                Some(Err(unsent)) => (false, Some(unsent)),
+                None => (true, send.into_item()),
             }
-            // Not queued: the send future, dropped or failed, no longer holds the slot, so
-            // the job is still in it. (An empty slot would mean a worker took the job: it was
-            // queued.)
-            let Some(job) = lock(&slot).take() else {
-                return Ok(index);
-            };
-            (waited, job)
         };
-        match waited {
-            Waited::Cancelled => {
-                Counters::add(&shared.counters.refused, 1);
-                Err(SubmitError::Cancelled(job))
-            }
-            _ => Err(self.refuse(Refused::Closed((index, job))).into()),
+        unresolved.disarm();
+        let Some((index, job)) = unsent else {
+            return Ok(index);
+        };
+        if cancelled {
+            Counters::add(&shared.counters.refused, 1);
+            return Err(SubmitError::Cancelled(job));
         }
+        Err(self.refuse(Refused::Closed((index, job))).into())
     }
 
     /// Queues `job` if that is possible without waiting. Returns the job's index.
@@ -378,58 +354,36 @@ where
     }
 
     /// One attempt to queue, applying the drop-oldest policy.
-    /// On success returns the jobs evicted to make room (drop-oldest); the caller settles its
+    /// On success returns the job evicted to make room (drop-oldest); the caller settles its
     /// own accounting first, then calls [`drop_evicted`](Self::drop_evicted), so that a
     /// panicking `on_dropped` callback cannot make an accepted job look refused.
-    fn enqueue(&self, (index, job): (u64, J)) -> Result<Vec<(u64, J)>, Refused<J>> {
+    fn enqueue(&self, item: (u64, J)) -> Result<Option<(u64, J)>, Refused<J>> {
         let shared = &self.handle.shared;
-        let mut item = match shared.queue_tx.try_send(Queued::Inline(index, job)) {
-            Ok(()) => return Ok(Vec::new()),
-            Err(TrySendError::Closed(refused)) => {
-                return Err(Refused::Closed(refused.into_inline()));
-            }
-            Err(TrySendError::Full(refused)) if shared.overflow == Overflow::DropOldest => refused,
-            Err(TrySendError::Full(refused)) => return Err(Refused::Full(refused.into_inline())),
-        };
-        // Drop-oldest on a full queue. Each attempt takes the oldest job out and tries the new
-        // one in under the lock that `close` holds while it collects the queue and `returned`,
-        // so a close never misses a job between the two places. A job taken out waits in
-        // `returned` between attempts (a worker freed no slot); it is dropped once the new job
-        // is in, or handed back by `close` if the pool closed first.
-        let mut evicted = Vec::new();
-        loop {
-            let mut returned = lock(&shared.returned);
-            // A worker may take the oldest first; then the try finds space.
-            if let Some((oldest, job)) =
-                shared.queue_rx.try_recv().ok().and_then(Queued::into_parts)
-            {
-                evicted.push(oldest);
-                returned.push((oldest, job));
-            }
-            match shared.queue_tx.try_send(item) {
-                Ok(()) => {
-                    return Ok(returned
-                        .extract_if(.., |(queued, _)| evicted.contains(queued))
-                        .collect());
-                }
-                Err(TrySendError::Full(refused)) => item = refused,
-                Err(TrySendError::Closed(refused)) => {
-                    return Err(Refused::Closed(refused.into_inline()));
-                }
-            }
+        if shared.overflow == Overflow::DropOldest {
+            // The oldest job comes out and the new one goes in under the queue's lock: a close
+            // finds every accepted job either queued or evicted (then dropped, never both).
+            return shared
+                .queue
+                .try_send_evicting(item)
+                .map_err(Refused::Closed);
+        }
+        match shared.queue.try_send(item) {
+            Ok(()) => Ok(None),
+            Err(TrySendError::Full(item)) => Err(Refused::Full(item)),
+            Err(TrySendError::Closed(item)) => Err(Refused::Closed(item)),
         }
     }
 
-    /// Counts the evicted jobs as dropped and hands them to `on_dropped`.
-    fn drop_evicted(&self, evicted: Vec<(u64, J)>) {
+    /// Counts an evicted job as dropped and hands it to `on_dropped`.
+    fn drop_evicted(&self, evicted: Option<(u64, J)>) {
+        let Some((index, job)) = evicted else {
+            return;
+        };
         let shared = &self.handle.shared;
-        // All counted first: a panicking `on_dropped` must not leave the rest uncounted.
-        Counters::add(&shared.counters.dropped, evicted.len() as u64);
-        for (dropped_index, dropped) in evicted {
-            tracing::debug!(pool = %shared.name, job = dropped_index, "queue full: oldest job dropped");
-            if let Some(on_dropped) = &shared.on_dropped {
-                on_dropped(dropped_index, dropped);
-            }
+        Counters::add(&shared.counters.dropped, 1);
+        tracing::debug!(pool = %shared.name, job = index, "queue full: oldest job dropped");
+        if let Some(on_dropped) = &shared.on_dropped {
+            on_dropped(index, job);
         }
     }
 
@@ -559,7 +513,9 @@ where
         }
         // A results stream nobody took can never be drained: drop it, so that no worker waits
         // on it (its outcomes are then only counted).
-        drop(lock(&shared.results).take());
+        // Taken out first, so that the stream's drop does not run under this lock.
+        let untaken = lock(&shared.results).take();
+        drop(untaken);
     }
 
     /// Hands back what is still queued (only after a cancellation) and reports.
@@ -583,13 +539,13 @@ impl<J, R, E> WorkerPool<J, R, E> {
         let shared = &self.handle.shared;
         shared
             .counters
-            .snapshot(shared.queue_tx.len() + lock(&shared.returned).len())
+            .snapshot(shared.queue.len() + lock(&shared.returned).len())
     }
 
     /// Jobs waiting in the queue.
     #[must_use]
     pub fn len(&self) -> usize {
-        self.handle.shared.queue_tx.len()
+        self.handle.shared.queue.len()
     }
 
     /// `true` when no job is waiting in the queue.
@@ -607,7 +563,7 @@ impl<J, R, E> WorkerPool<J, R, E> {
     /// `true` once the pool accepts no more jobs: closed, dropped, or its token cancelled.
     #[must_use]
     pub fn is_closed(&self) -> bool {
-        self.handle.shared.queue_tx.is_closed()
+        self.handle.shared.queue.is_closed()
     }
 
     /// The pool's token; cancelled by a passed `close_within` deadline or by its parent.
@@ -631,7 +587,9 @@ impl<J, R, E> Drop for Handle<J, R, E> {
         // The last handle is gone: nobody can submit or close any more. Closing the queue lets
         // the workers drain it and exit, so no task outlives its pool.
         shared.close_queue();
-        drop(lock(&shared.results).take());
+        // Taken out first, so that the stream's drop does not run under this lock.
+        let untaken = lock(&shared.results).take();
+        drop(untaken);
         // SeqCst, paired with the last worker's exit (see `WorkerExit`).
         shared.detached.store(true, Ordering::SeqCst);
         if shared.counters.workers_alive.load(Ordering::SeqCst) == 0 {
@@ -682,42 +640,9 @@ enum Refused<J> {
     Closed((u64, J)),
 }
 
-#[derive(PartialEq, Eq)]
-enum Waited {
-    Queued,
-    Cancelled,
-    Closed,
-}
-
-/// A job in the queue, with its index.
-pub(crate) enum Queued<J> {
-    /// Queued by value: without waiting, or by a `submit` whose token closes the queue.
-    Inline(u64, J),
-    /// Queued by a `submit` that had to wait; see `submit` for why it sits in a slot.
-    Reclaimable(u64, Arc<Mutex<Option<J>>>),
-}
-
-impl<J> Queued<J> {
-    /// The index and the job. `None` only for a slot whose job was taken back, which never
-    /// reaches the queue; callers skip it.
-    pub(crate) fn into_parts(self) -> Option<(u64, J)> {
-        match self {
-            Queued::Inline(index, job) => Some((index, job)),
-            Queued::Reclaimable(index, slot) => lock(&slot).take().map(|job| (index, job)),
-        }
-    }
-
-    /// A job refused by the channel, sent as `Inline` by `enqueue` or `submit`.
-    fn into_inline(self) -> (u64, J) {
-        match self.into_parts() {
-            Some(parts) => parts,
-            None => unreachable!("only inline jobs are sent where they can come back"),
-        }
-    }
-}
-
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    // The lock only guards a move in or out of the slot; a poisoned one still holds a job.
+    // These locks only guard moves in and out of a `Vec` or an `Option`: a poisoned one is
+    // still consistent.
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 

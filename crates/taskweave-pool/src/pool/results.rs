@@ -2,11 +2,13 @@
 
 use std::fmt;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use futures::Stream;
 use futures::stream::FusedStream;
 
+use super::ResultsQueue;
 use crate::JobResult;
 
 /// The outcomes of a [`WorkerPool`](crate::WorkerPool)'s jobs, `(index, outcome)` in the order
@@ -14,24 +16,25 @@ use crate::JobResult;
 /// finished later may deliver first); taken once with
 /// [`WorkerPool::results`](crate::WorkerPool::results).
 ///
-/// The channel behind it is bounded (the capacity given to
+/// The queue behind it is bounded (the capacity given to
 /// [`WorkerPoolBuilder::results`](crate::WorkerPoolBuilder::results)): a consumer that falls
 /// behind slows the workers down instead of growing memory. Dropping the stream is allowed;
 /// outcomes are then only counted. The stream ends after the last worker has exited.
 /// `size_hint` reports the outcomes already buffered as its lower bound.
 #[must_use = "streams do nothing unless polled"]
 pub struct Results<R, E> {
-    // Boxed so that `Results` is `Unpin` (async-channel's receiver is not) and `.next()`
-    // works without pinning.
-    receiver: Pin<Box<Receiver<R, E>>>,
+    queue: Arc<ResultsQueue<R, E>>,
+    /// This stream's place in the queue's wait list while it waits for an outcome.
+    waiter: Option<u64>,
+    done: bool,
 }
 
-type Receiver<R, E> = async_channel::Receiver<(u64, JobResult<R, E>)>;
-
 impl<R, E> Results<R, E> {
-    pub(crate) fn new(receiver: Receiver<R, E>) -> Self {
+    pub(crate) fn new(queue: Arc<ResultsQueue<R, E>>) -> Self {
         Results {
-            receiver: Box::pin(receiver),
+            queue,
+            waiter: None,
+            done: false,
         }
     }
 }
@@ -40,29 +43,47 @@ impl<R, E> Stream for Results<R, E> {
     type Item = (u64, JobResult<R, E>);
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        self.receiver.as_mut().poll_next(cx)
+        let this = &mut *self;
+        if this.done {
+            return Poll::Ready(None);
+        }
+        let polled = this.queue.poll_recv(&mut this.waiter, cx);
+        if let Poll::Ready(None) = polled {
+            this.done = true;
+        }
+        polled
     }
 
     fn size_hint(&self) -> (usize, Option<usize>) {
-        if self.receiver.is_terminated() {
+        if self.done {
             (0, Some(0))
         } else {
-            (self.receiver.len(), None)
+            (self.queue.len(), None)
         }
     }
 }
 
 impl<R, E> FusedStream for Results<R, E> {
     fn is_terminated(&self) -> bool {
-        self.receiver.is_terminated()
+        self.done
+    }
+}
+
+impl<R, E> Drop for Results<R, E> {
+    fn drop(&mut self) {
+        self.queue.leave_recv(&mut self.waiter);
+        // Nobody reads any more: workers stop waiting on a full stream, and later outcomes
+        // are only counted. Those already buffered are freed now, not with the pool.
+        self.queue.close();
+        drop(self.queue.drain());
     }
 }
 
 impl<R, E> fmt::Debug for Results<R, E> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Results")
-            .field("buffered", &self.receiver.len())
-            .field("done", &self.receiver.is_terminated())
+            .field("buffered", &self.queue.len())
+            .field("done", &self.done)
             .finish()
     }
 }

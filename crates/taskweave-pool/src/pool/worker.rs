@@ -5,25 +5,24 @@ use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use async_channel::{TryRecvError, TrySendError};
 use taskweave_supervise::catch_panic;
 
-use super::{Shared, lock, log_panic};
+use super::{ResultsQueue, Shared, lock, log_panic};
 use crate::pool::metrics::{LocalCounts, WorkerCounters};
+use crate::queue::{TryRecvError, TrySendError};
 use crate::{JobContext, JobError, JobResult};
 
-pub(crate) async fn work<J, R, E, H, Fut>(
-    shared: Arc<Shared<J, R, E>>,
-    worker: usize,
-    handler: Arc<H>,
-    results: Option<async_channel::Sender<(u64, JobResult<R, E>)>>,
-) where
+/// A worker's task. `exit` is made before the task is spawned, so its exit steps also run
+/// when the task is dropped without ever being polled (a runtime shutting down).
+pub(crate) async fn work<J, R, E, H, Fut>(exit: WorkerExit<J, R, E>, worker: usize, handler: Arc<H>)
+where
     E: fmt::Display,
     H: Fn(JobContext, J) -> Fut,
     Fut: Future<Output = Result<R, E>>,
 {
-    // Runs on every way out of this function, unwinding included.
-    let _exit = WorkerExit(&shared);
+    // `exit` runs on every way out of this function, unwinding included.
+    let shared = &*exit.0;
+    let results = shared.results_queue.as_deref();
     let mine = &shared.counters.workers[worker];
     let mut counts = LocalCounts::default();
     // The index of the job whose handler is running, for the panic report.
@@ -33,14 +32,7 @@ pub(crate) async fn work<J, R, E, H, Fut>(
     // Catching per job cost about 14 ns a job, a quarter of the pool's overhead over a bare
     // channel.
     loop {
-        let run = run_jobs(
-            &shared,
-            mine,
-            &mut counts,
-            &mut current,
-            &*handler,
-            results.as_ref(),
-        );
+        let run = run_jobs(shared, mine, &mut counts, &mut current, &*handler, results);
         let caught = catch_panic(shared.name.clone(), run)
             .without_logging()
             .await;
@@ -57,8 +49,8 @@ pub(crate) async fn work<J, R, E, H, Fut>(
         }
         counts.panicked(mine);
         log_panic(&shared.name, index, &panic);
-        if let Some(results) = &results {
-            deliver(&shared, results, index, Err(JobError::Panicked(panic))).await;
+        if let Some(results) = results {
+            deliver(shared, results, index, Err(JobError::Panicked(panic))).await;
         }
     }
 }
@@ -70,7 +62,7 @@ async fn run_jobs<J, R, E, H, Fut>(
     counts: &mut LocalCounts,
     current: &mut Option<u64>,
     handler: &H,
-    results: Option<&async_channel::Sender<(u64, JobResult<R, E>)>>,
+    results: Option<&ResultsQueue<R, E>>,
 ) where
     E: fmt::Display,
     H: Fn(JobContext, J) -> Fut,
@@ -78,16 +70,13 @@ async fn run_jobs<J, R, E, H, Fut>(
 {
     loop {
         // Fast path first; the slow path needs no token: cancellation closes the queue.
-        let queued = match shared.queue_rx.try_recv() {
+        let (index, job) = match shared.queue.try_recv() {
             Ok(queued) => queued,
             Err(TryRecvError::Closed) => return,
-            Err(TryRecvError::Empty) => match shared.queue_rx.recv().await {
-                Ok(queued) => queued,
-                Err(_closed_and_empty) => return,
+            Err(TryRecvError::Empty) => match shared.queue.recv().await {
+                Some(queued) => queued,
+                None => return,
             },
-        };
-        let Some((index, job)) = queued.into_parts() else {
-            continue;
         };
         if shared.cancel.is_cancelled() {
             // Taken after the cancellation: it never starts, it goes back to the caller.
@@ -126,7 +115,7 @@ async fn run_jobs<J, R, E, H, Fut>(
 /// and an outcome that does not fit is only counted.
 async fn deliver<J, R, E>(
     shared: &Shared<J, R, E>,
-    results: &async_channel::Sender<(u64, JobResult<R, E>)>,
+    results: &ResultsQueue<R, E>,
     index: u64,
     outcome: JobResult<R, E>,
 ) {
@@ -148,17 +137,29 @@ async fn deliver<J, R, E>(
     }
 }
 
-/// The worker's exit steps, in a guard so that they also run if the worker unwinds.
-struct WorkerExit<'a, J, R, E>(&'a Shared<J, R, E>);
+/// The worker's exit steps, in a guard so that they also run if the worker unwinds or its
+/// task is dropped.
+pub(crate) struct WorkerExit<J, R, E>(Arc<Shared<J, R, E>>);
 
-impl<J, R, E> Drop for WorkerExit<'_, J, R, E> {
+impl<J, R, E> WorkerExit<J, R, E> {
+    /// For a worker counted in `workers_alive`.
+    pub(crate) fn new(shared: Arc<Shared<J, R, E>>) -> Self {
+        WorkerExit(shared)
+    }
+}
+
+impl<J, R, E> Drop for WorkerExit<J, R, E> {
     fn drop(&mut self) {
-        let shared = self.0;
+        let shared = &*self.0;
         // SeqCst, paired with `Handle::drop`: of the last worker out and the last handle
         // dropped, at least one sees the other and abandons what nobody can collect any more.
         if shared.counters.workers_alive.fetch_sub(1, Ordering::SeqCst) == 1 {
             // Submitters see `Closed` after a cancellation, and blocked ones wake up.
             shared.close_queue();
+            // No outcome can come any more: the results stream ends once drained.
+            if let Some(results) = &shared.results_queue {
+                results.close();
+            }
             if shared.detached.load(Ordering::SeqCst) {
                 shared.abandon_leftovers();
             }

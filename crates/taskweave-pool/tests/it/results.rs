@@ -142,3 +142,52 @@ async fn a_slow_results_consumer_applies_backpressure_to_the_workers() {
     assert_eq!(count, 10);
     close.await.unwrap();
 }
+
+/// A consumer woken for the last outcome but not yet polled when the last worker exits: the
+/// close of the stream must neither lose that outcome nor leave the consumer waiting.
+#[tokio::test(flavor = "current_thread")]
+async fn a_consumer_woken_but_not_polled_when_the_workers_exit_gets_the_outcome_then_the_end() {
+    let pool = WorkerPool::builder(1, 4)
+        .results(4)
+        .spawn(CancellationToken::new(), |_context, job: u64| async move {
+            Ok::<_, String>(job * 2)
+        });
+    let mut results = pool.results().unwrap();
+    let mut next = tokio_test::task::spawn(results.next());
+    tokio_test::assert_pending!(next.poll());
+    pool.try_submit(21).unwrap();
+    // The worker runs the job, delivers (waking the consumer) and, the queue being closed,
+    // exits and closes the stream; the consumer has not run in between.
+    let report = pool.close().await;
+    assert_eq!(report.metrics.completed, 1);
+    assert!(next.is_woken());
+    let (index, outcome) = tokio_test::assert_ready!(next.poll()).expect("the outcome");
+    assert_eq!((index, outcome.ok()), (0, Some(42)));
+    drop(next);
+    assert!(results.next().await.is_none(), "then the end");
+    assert!(results.is_terminated());
+}
+
+/// Worker tasks dropped before they ever ran (their runtime shut down) still run their exit
+/// steps: the pool counts no worker alive, refuses jobs, and the results stream ends.
+#[test]
+fn workers_dropped_before_they_ran_still_close_the_pool_and_end_the_stream() {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    // `block_on` returns as soon as the pool is built: the spawned workers never ran.
+    let pool = runtime.block_on(async {
+        WorkerPool::builder(2, 4)
+            .results(4)
+            .spawn(CancellationToken::new(), |_context, job: u64| async move {
+                Ok::<_, String>(job)
+            })
+    });
+    let mut results = pool.results().unwrap();
+    assert_eq!(pool.metrics().workers_alive, 2);
+    drop(runtime);
+    assert_eq!(pool.metrics().workers_alive, 0);
+    assert!(pool.is_closed());
+    let mut next = tokio_test::task::spawn(results.next());
+    assert!(tokio_test::assert_ready!(next.poll()).is_none());
+}

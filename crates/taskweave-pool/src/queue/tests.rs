@@ -1,0 +1,290 @@
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use tokio_test::task::spawn;
+use tokio_test::{assert_pending, assert_ready, assert_ready_eq};
+
+use super::{Queue, TryRecvError, TrySendError};
+
+fn full_queue(capacity: u32) -> Queue<u32> {
+    let queue = Queue::new(capacity as usize);
+    for item in 0..capacity {
+        assert!(queue.try_send(item).is_ok());
+    }
+    queue
+}
+
+#[test]
+#[should_panic(expected = "at least one item")]
+fn zero_capacity_panics() {
+    let _ = Queue::<u32>::new(0);
+}
+
+#[test]
+fn items_come_out_in_order_and_a_full_queue_refuses() {
+    let queue = full_queue(2);
+    assert!(matches!(queue.try_send(9), Err(TrySendError::Full(9))));
+    assert_eq!(queue.len(), 2);
+    assert_eq!(queue.try_recv(), Ok(0));
+    assert_eq!(queue.try_recv(), Ok(1));
+    assert_eq!(queue.try_recv(), Err(TryRecvError::Empty));
+}
+
+#[test]
+fn close_refuses_sends_and_lets_receivers_drain() {
+    let queue = full_queue(2);
+    assert!(queue.close());
+    assert!(!queue.close(), "only the first call closes");
+    assert!(queue.is_closed());
+    assert!(matches!(queue.try_send(9), Err(TrySendError::Closed(9))));
+    assert!(matches!(queue.try_send_evicting(9), Err(9)));
+    assert_eq!(queue.try_recv(), Ok(0));
+    let mut recv = spawn(queue.recv());
+    assert_ready_eq!(recv.poll(), Some(1));
+    let mut recv = spawn(queue.recv());
+    assert_ready_eq!(recv.poll(), None);
+    assert_eq!(queue.try_recv(), Err(TryRecvError::Closed));
+}
+
+#[test]
+fn evicting_send_swaps_the_oldest_for_the_new_item_only_when_full() {
+    let queue = Queue::new(2);
+    assert_eq!(queue.try_send_evicting(0).ok(), Some(None));
+    assert_eq!(queue.try_send_evicting(1).ok(), Some(None));
+    assert_eq!(queue.try_send_evicting(2).ok(), Some(Some(0)));
+    assert_eq!(queue.drain(), [1, 2]);
+}
+
+#[test]
+fn a_send_on_a_full_queue_waits_until_a_slot_frees() {
+    let queue = full_queue(1);
+    let mut send = spawn(queue.send(7));
+    assert_pending!(send.poll());
+    assert!(!send.is_woken());
+    assert_eq!(queue.try_recv(), Ok(0));
+    assert!(send.is_woken(), "a freed slot wakes the waiting sender");
+    assert_ready!(send.poll()).unwrap_or_else(|_| panic!("the slot is free"));
+    assert_eq!(queue.drain(), [7]);
+}
+
+#[test]
+fn a_recv_on_an_empty_queue_waits_until_an_item_comes() {
+    let queue = Queue::new(1);
+    let mut recv = spawn(queue.recv());
+    assert_pending!(recv.poll());
+    assert!(queue.try_send(3).is_ok());
+    assert!(recv.is_woken());
+    assert_ready_eq!(recv.poll(), Some(3));
+}
+
+#[test]
+fn close_wakes_every_waiter_and_a_waiting_send_gets_its_item_back() {
+    let queue = full_queue(1);
+    let mut send = spawn(queue.send(7));
+    assert_pending!(send.poll());
+    let empty = Queue::<u32>::new(1);
+    let mut recv = spawn(empty.recv());
+    assert_pending!(recv.poll());
+    queue.close();
+    empty.close();
+    assert!(send.is_woken() && recv.is_woken());
+    assert!(matches!(assert_ready!(send.poll()), Err(7)));
+    assert_ready_eq!(recv.poll(), None);
+}
+
+#[test]
+fn into_item_hands_back_an_unsent_item_and_nothing_for_a_sent_one() {
+    let queue = full_queue(1);
+    let mut waiting = spawn(queue.send(7));
+    assert_pending!(waiting.poll());
+    assert_eq!(waiting.into_inner().into_item(), Some(7));
+    assert_eq!(queue.try_recv(), Ok(0));
+    let mut sent = spawn(queue.send(8));
+    assert_ready!(sent.poll()).unwrap_or_else(|_| panic!("the slot is free"));
+    assert_eq!(sent.into_inner().into_item(), None);
+}
+
+#[test]
+fn a_woken_receiver_that_is_dropped_passes_its_turn_on() {
+    let queue = Queue::new(2);
+    let mut first = spawn(queue.recv());
+    let mut second = spawn(queue.recv());
+    assert_pending!(first.poll());
+    assert_pending!(second.poll());
+    assert!(queue.try_send(1).is_ok());
+    assert!(
+        first.is_woken() && !second.is_woken(),
+        "the longest waiter goes first"
+    );
+    drop(first);
+    assert!(
+        second.is_woken(),
+        "the unused turn went to the next receiver"
+    );
+    assert_ready_eq!(second.poll(), Some(1));
+}
+
+#[test]
+fn a_woken_sender_that_is_dropped_passes_its_turn_on() {
+    let queue = full_queue(1);
+    let mut first = spawn(queue.send(1));
+    let mut second = spawn(queue.send(2));
+    assert_pending!(first.poll());
+    assert_pending!(second.poll());
+    assert_eq!(queue.try_recv(), Ok(0));
+    assert!(first.is_woken() && !second.is_woken());
+    drop(first);
+    assert!(second.is_woken());
+    assert_ready!(second.poll()).unwrap_or_else(|_| panic!("the slot is free"));
+    assert_eq!(queue.drain(), [2]);
+}
+
+#[test]
+fn a_dropped_waiter_that_was_not_woken_wakes_nobody() {
+    let queue = Queue::<u32>::new(1);
+    let mut first = spawn(queue.recv());
+    let mut second = spawn(queue.recv());
+    assert_pending!(first.poll());
+    assert_pending!(second.poll());
+    drop(first);
+    assert!(!second.is_woken());
+    assert!(queue.try_send(1).is_ok());
+    assert!(second.is_woken(), "the dropped waiter left the list");
+}
+
+#[test]
+fn a_woken_waiter_whose_turn_was_taken_waits_at_the_front_again() {
+    let queue = Queue::new(2);
+    let mut first = spawn(queue.recv());
+    let mut second = spawn(queue.recv());
+    assert_pending!(first.poll());
+    assert_pending!(second.poll());
+    assert!(queue.try_send(1).is_ok());
+    assert!(first.is_woken());
+    // A newcomer takes the item before the woken receiver runs.
+    assert_eq!(queue.try_recv(), Ok(1));
+    assert_pending!(first.poll());
+    assert!(queue.try_send(2).is_ok());
+    assert!(first.is_woken(), "it waited longest, so it is woken first");
+    assert!(!second.is_woken());
+    assert_ready_eq!(first.poll(), Some(2));
+}
+
+#[test]
+fn drain_wakes_as_many_senders_as_it_frees_slots() {
+    let queue = full_queue(2);
+    let mut senders: Vec<_> = (10..13).map(|item| spawn(queue.send(item))).collect();
+    for sender in &mut senders {
+        assert_pending!(sender.poll());
+    }
+    assert_eq!(queue.drain(), [0, 1]);
+    let woken: Vec<bool> = senders.iter().map(|sender| sender.is_woken()).collect();
+    assert_eq!(woken, [true, true, false]);
+}
+
+#[test]
+fn poll_recv_and_leave_recv_serve_an_owner_that_is_not_a_future() {
+    let queue = Queue::<u32>::new(1);
+    let mut first = None;
+    let mut second = spawn(queue.recv());
+    let mut owner = spawn(std::future::poll_fn(|cx| {
+        let _ = queue.poll_recv(&mut first, cx);
+        std::task::Poll::Ready(())
+    }));
+    assert_ready!(owner.poll());
+    assert!(first.is_some(), "the owner waits in the list");
+    assert_pending!(second.poll());
+    assert!(queue.try_send(1).is_ok());
+    queue.leave_recv(&mut first);
+    assert!(first.is_none());
+    assert!(second.is_woken(), "the owner's unused turn went on");
+}
+
+/// Producers and consumers on several threads, consumers giving up their wait now and then:
+/// every item is received exactly once and nobody is left waiting.
+#[test]
+fn every_item_arrives_once_across_threads_with_abandoned_waits() {
+    const PRODUCERS: u64 = 3;
+    const ITEMS: u64 = 20_000;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .build()
+        .expect("runtime");
+    runtime.block_on(async {
+        let queue = Arc::new(Queue::<u64>::new(4));
+        let sum = Arc::new(AtomicU64::new(0));
+        let count = Arc::new(AtomicU64::new(0));
+        let mut consumers = Vec::new();
+        for consumer in 0..3_u64 {
+            let queue = Arc::clone(&queue);
+            let sum = Arc::clone(&sum);
+            let count = Arc::clone(&count);
+            consumers.push(tokio::spawn(async move {
+                let mut polls = 0_u64;
+                loop {
+                    polls += 1;
+                    // Every few waits, give up after one yield: a dropped `Recv`.
+                    let item = if (polls + consumer).is_multiple_of(5) {
+                        tokio::select! {
+                            biased;
+                            item = queue.recv() => item,
+                            () = tokio::task::yield_now() => continue,
+                        }
+                    } else {
+                        queue.recv().await
+                    };
+                    let Some(item) = item else { break };
+                    sum.fetch_add(item, Ordering::Relaxed);
+                    count.fetch_add(1, Ordering::Relaxed);
+                }
+            }));
+        }
+        let mut producers = Vec::new();
+        for producer in 0..PRODUCERS {
+            let queue = Arc::clone(&queue);
+            producers.push(tokio::spawn(async move {
+                for item in (0..ITEMS).filter(|item| item % PRODUCERS == producer) {
+                    if item.is_multiple_of(7) {
+                        // A send abandoned after one yield, then sent again.
+                        let mut send = queue.send(item);
+                        let sent = tokio::select! {
+                            biased;
+                            sent = &mut send => Some(sent),
+                            () = tokio::task::yield_now() => None,
+                        };
+                        match sent {
+                            Some(sent) => assert!(sent.is_ok()),
+                            None => {
+                                let item = send.into_item().expect("not sent");
+                                assert!(queue.send(item).await.is_ok());
+                            }
+                        }
+                    } else {
+                        assert!(queue.send(item).await.is_ok());
+                    }
+                }
+            }));
+        }
+        for producer in producers {
+            producer.await.expect("producer");
+        }
+        // Every item must be taken before the close, which would wake a receiver whose
+        // wake-up was lost. A bound on the wait instead of a clock: a lost wake-up fails here
+        // rather than hanging.
+        let mut yields = 0_u64;
+        while count.load(Ordering::Relaxed) < ITEMS {
+            yields += 1;
+            assert!(
+                yields < 50_000_000,
+                "items left in the queue with receivers asleep: a lost wake-up"
+            );
+            tokio::task::yield_now().await;
+        }
+        queue.close();
+        for consumer in consumers {
+            consumer.await.expect("consumer");
+        }
+        assert_eq!(count.load(Ordering::Relaxed), ITEMS);
+        assert_eq!(sum.load(Ordering::Relaxed), ITEMS * (ITEMS - 1) / 2);
+    });
+}
