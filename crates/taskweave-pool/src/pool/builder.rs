@@ -104,7 +104,8 @@ impl<J> WorkerPoolBuilder<J> {
     }
 
     /// Enables [`WorkerPool::results`](crate::WorkerPool::results), a stream of outcomes
-    /// buffered up to `capacity`; when it is full, workers wait for the consumer.
+    /// buffered up to `capacity` (plus what the stream has taken and not yet handed out: see
+    /// [`Results`](crate::Results)); when it is full, workers wait for the consumer.
     ///
     /// # Panics
     ///

@@ -1,9 +1,10 @@
 //! `Results`: the pool-owned stream of job outcomes in completion order.
 
+use std::collections::VecDeque;
 use std::fmt;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, ready};
 
 use futures::Stream;
 use futures::stream::FusedStream;
@@ -18,7 +19,11 @@ use crate::JobResult;
 ///
 /// The queue behind it is bounded (the capacity given to
 /// [`WorkerPoolBuilder::results`](crate::WorkerPoolBuilder::results)): a consumer that falls
-/// behind slows the workers down instead of growing memory. Dropping the stream is allowed;
+/// behind slows the workers down instead of growing memory. A poll that finds the buffer
+/// empty takes every outcome queued at that moment in one step (one lock round trip with the
+/// workers instead of one per outcome), so the stream may hold up to twice that capacity:
+/// outcomes it took and has not yet handed out, and as many queued behind them. Dropping the
+/// stream is allowed;
 /// outcomes are then only counted. The stream ends after the last worker has exited.
 /// `size_hint` reports the outcomes already buffered as its lower bound.
 #[must_use = "streams do nothing unless polled"]
@@ -26,6 +31,8 @@ pub struct Results<R, E> {
     queue: Arc<ResultsQueue<R, E>>,
     /// This stream's place in the queue's wait list while it waits for an outcome.
     waiter: Option<u64>,
+    /// Outcomes taken from the queue in one go, handed out one by one.
+    taken: VecDeque<(u64, JobResult<R, E>)>,
     done: bool,
 }
 
@@ -34,31 +41,41 @@ impl<R, E> Results<R, E> {
         Results {
             queue,
             waiter: None,
+            taken: VecDeque::new(),
             done: false,
         }
     }
 }
+
+// Nothing in `Results` is ever pinned: outcomes are moved out, never polled in place.
+impl<R, E> Unpin for Results<R, E> {}
 
 impl<R, E> Stream for Results<R, E> {
     type Item = (u64, JobResult<R, E>);
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         let this = &mut *self;
+        if let Some(outcome) = this.taken.pop_front() {
+            return Poll::Ready(Some(outcome));
+        }
         if this.done {
             return Poll::Ready(None);
         }
-        let polled = this.queue.poll_recv(&mut this.waiter, cx);
-        if let Poll::Ready(None) = polled {
-            this.done = true;
-        }
-        polled
+        // Everything buffered in one lock: far fewer lock round trips with the workers.
+        ready!(
+            this.queue
+                .poll_recv_all(&mut this.waiter, cx, &mut this.taken)
+        );
+        let next = this.taken.pop_front();
+        this.done = next.is_none();
+        Poll::Ready(next)
     }
 
     fn size_hint(&self) -> (usize, Option<usize>) {
         if self.done {
             (0, Some(0))
         } else {
-            (self.queue.len(), None)
+            (self.taken.len() + self.queue.len(), None)
         }
     }
 }
@@ -82,7 +99,7 @@ impl<R, E> Drop for Results<R, E> {
 impl<R, E> fmt::Debug for Results<R, E> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Results")
-            .field("buffered", &self.queue.len())
+            .field("buffered", &(self.taken.len() + self.queue.len()))
             .field("done", &self.done)
             .finish()
     }

@@ -211,6 +211,39 @@ impl<T> Queue<T> {
         Poll::Pending
     }
 
+    /// Like [`poll_recv`](Self::poll_recv), but moves every queued item into `into` under one
+    /// lock; as many waiting senders as items taken are woken. `Ready` with nothing added
+    /// means closed and empty.
+    pub(crate) fn poll_recv_all(
+        &self,
+        waiter: &mut Option<u64>,
+        cx: &mut Context<'_>,
+        into: &mut VecDeque<T>,
+    ) -> Poll<()> {
+        let mut guard = self.lock();
+        let state = &mut *guard;
+        if !state.items.is_empty() {
+            let taken = state.items.len();
+            into.extend(state.items.drain(..));
+            let left = state.receivers.leave(waiter);
+            let senders = state.senders.pop_up_to(taken);
+            drop(guard);
+            drop(left);
+            senders.into_iter().for_each(Waker::wake);
+            return Poll::Ready(());
+        }
+        if state.closed {
+            let left = state.receivers.leave(waiter);
+            drop(guard);
+            drop(left);
+            return Poll::Ready(());
+        }
+        let replaced = state.receivers.wait(waiter, &mut state.next_id, cx.waker());
+        drop(guard);
+        drop(replaced);
+        Poll::Pending
+    }
+
     /// A receiver gives up its place; a wake-up it was given but did not use goes to the next
     /// receiver.
     pub(crate) fn leave_recv(&self, waiter: &mut Option<u64>) {
@@ -233,13 +266,7 @@ impl<T> Queue<T> {
     pub(crate) fn drain(&self) -> Vec<T> {
         let mut state = self.lock();
         let items: Vec<T> = state.items.drain(..).collect();
-        let mut senders = Vec::new();
-        while senders.len() < items.len() {
-            let Some(sender) = state.senders.pop() else {
-                break;
-            };
-            senders.push(sender);
-        }
+        let senders = state.senders.pop_up_to(items.len());
         drop(state);
         senders.into_iter().for_each(Waker::wake);
         items
@@ -402,6 +429,11 @@ impl Waiters {
         let (id, waker) = self.list.pop_front()?;
         self.woken.push(id);
         Some(waker)
+    }
+
+    /// The wakers of the `count` longest waiters (fewer if fewer wait).
+    fn pop_up_to(&mut self, count: usize) -> Vec<Waker> {
+        std::iter::from_fn(|| self.pop()).take(count).collect()
     }
 
     /// Every waker, for a close: each waiter then finds the queue closed, so none of them

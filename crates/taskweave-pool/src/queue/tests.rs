@@ -1,3 +1,5 @@
+use std::collections::VecDeque;
+use std::future::poll_fn;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -198,6 +200,50 @@ fn poll_recv_and_leave_recv_serve_an_owner_that_is_not_a_future() {
     queue.leave_recv(&mut first);
     assert!(first.is_none());
     assert!(second.is_woken(), "the owner's unused turn went on");
+}
+
+#[test]
+fn poll_recv_all_takes_every_item_and_wakes_as_many_senders() {
+    let queue = full_queue(2);
+    let mut senders: Vec<_> = (10..13).map(|item| spawn(queue.send(item))).collect();
+    for sender in &mut senders {
+        assert_pending!(sender.poll());
+    }
+    let mut waiter = None;
+    let mut taken = VecDeque::new();
+    assert_ready!(
+        spawn(poll_fn(|cx| queue.poll_recv_all(
+            &mut waiter,
+            cx,
+            &mut taken
+        )))
+        .poll()
+    );
+    assert_eq!(taken, [0, 1]);
+    let woken: Vec<bool> = senders.iter().map(|sender| sender.is_woken()).collect();
+    assert_eq!(woken, [true, true, false]);
+    drop(senders);
+    // Empty now: it waits, and an item wakes it.
+    let mut owner = spawn(poll_fn(|cx| {
+        queue.poll_recv_all(&mut waiter, cx, &mut taken)
+    }));
+    assert_pending!(owner.poll());
+    assert!(queue.try_send(5).is_ok());
+    assert!(owner.is_woken());
+    assert_ready!(owner.poll());
+    drop(owner);
+    assert_eq!(taken, [0, 1, 5]);
+    // Closed and empty: ready with nothing added.
+    queue.close();
+    assert_ready!(
+        spawn(poll_fn(|cx| queue.poll_recv_all(
+            &mut waiter,
+            cx,
+            &mut taken
+        )))
+        .poll()
+    );
+    assert_eq!(taken.len(), 3);
 }
 
 /// Producers and consumers on several threads, consumers giving up their wait now and then:
