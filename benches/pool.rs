@@ -126,54 +126,61 @@ async fn worker_pool(workload: Workload, results: bool) -> u64 {
     }
 }
 
-async fn async_channel_pool(workload: Workload, results: bool) -> u64 {
-    let (job_tx, job_rx) = async_channel::bounded::<u64>(CAPACITY);
-    let (result_tx, result_rx) = async_channel::bounded::<u64>(CAPACITY);
-    let mut workers = Vec::with_capacity(WORKERS);
-    for _ in 0..WORKERS {
-        let job_rx = job_rx.clone();
-        let result_tx = result_tx.clone();
-        workers.push(tokio::spawn(async move {
-            while let Ok(input) = job_rx.recv().await {
-                let output = job(workload, input).await;
-                if results {
-                    let _ = result_tx.send(output).await;
-                }
-            }
-        }));
-    }
-    drop(result_tx);
-    let produce = async {
-        for input in 0..workload.jobs() {
-            job_tx.send(input).await.unwrap();
-        }
-        job_tx.close();
-        for worker in workers {
-            worker.await.unwrap();
-        }
-    };
-    let consume = async {
-        let mut sum = 0_u64;
-        while let Ok(output) = result_rx.recv().await {
-            sum = sum.wrapping_add(output);
-        }
-        sum
-    };
-    tokio::join!(produce, consume).1
+/// What the hand-written pools need of a channel: they differ in nothing else.
+trait Channel {
+    type Sender: Clone + Send + Sync + 'static;
+    type Receiver: Clone + Send + Sync + 'static;
+    fn bounded(capacity: usize) -> (Self::Sender, Self::Receiver);
+    fn send(sender: &Self::Sender, value: u64) -> impl Future<Output = bool> + Send;
+    fn recv(receiver: &Self::Receiver) -> impl Future<Output = Option<u64>> + Send;
 }
 
-async fn flume_pool(workload: Workload, results: bool) -> u64 {
-    let (job_tx, job_rx) = flume::bounded::<u64>(CAPACITY);
-    let (result_tx, result_rx) = flume::bounded::<u64>(CAPACITY);
+struct AsyncChannel;
+
+impl Channel for AsyncChannel {
+    type Sender = async_channel::Sender<u64>;
+    type Receiver = async_channel::Receiver<u64>;
+    fn bounded(capacity: usize) -> (Self::Sender, Self::Receiver) {
+        async_channel::bounded(capacity)
+    }
+    async fn send(sender: &Self::Sender, value: u64) -> bool {
+        sender.send(value).await.is_ok()
+    }
+    async fn recv(receiver: &Self::Receiver) -> Option<u64> {
+        receiver.recv().await.ok()
+    }
+}
+
+struct Flume;
+
+impl Channel for Flume {
+    type Sender = flume::Sender<u64>;
+    type Receiver = flume::Receiver<u64>;
+    fn bounded(capacity: usize) -> (Self::Sender, Self::Receiver) {
+        flume::bounded(capacity)
+    }
+    async fn send(sender: &Self::Sender, value: u64) -> bool {
+        sender.send_async(value).await.is_ok()
+    }
+    async fn recv(receiver: &Self::Receiver) -> Option<u64> {
+        receiver.recv_async().await.ok()
+    }
+}
+
+/// The hand-written pool: one bounded job channel, `WORKERS` spawned workers, one bounded
+/// results channel; a channel closes when its last sender is dropped.
+async fn channel_pool<C: Channel>(workload: Workload, results: bool) -> u64 {
+    let (job_tx, job_rx) = C::bounded(CAPACITY);
+    let (result_tx, result_rx) = C::bounded(CAPACITY);
     let mut workers = Vec::with_capacity(WORKERS);
     for _ in 0..WORKERS {
         let job_rx = job_rx.clone();
         let result_tx = result_tx.clone();
         workers.push(tokio::spawn(async move {
-            while let Ok(input) = job_rx.recv_async().await {
+            while let Some(input) = C::recv(&job_rx).await {
                 let output = job(workload, input).await;
                 if results {
-                    let _ = result_tx.send_async(output).await;
+                    let _ = C::send(&result_tx, output).await;
                 }
             }
         }));
@@ -181,7 +188,7 @@ async fn flume_pool(workload: Workload, results: bool) -> u64 {
     drop(result_tx);
     let produce = async {
         for input in 0..workload.jobs() {
-            job_tx.send_async(input).await.unwrap();
+            assert!(C::send(&job_tx, input).await, "the workers are alive");
         }
         drop(job_tx);
         for worker in workers {
@@ -190,7 +197,7 @@ async fn flume_pool(workload: Workload, results: bool) -> u64 {
     };
     let consume = async {
         let mut sum = 0_u64;
-        while let Ok(output) = result_rx.recv_async().await {
+        while let Some(output) = C::recv(&result_rx).await {
             sum = sum.wrapping_add(output);
         }
         sum
@@ -294,10 +301,10 @@ fn pool(c: &mut Criterion) {
                     b.iter(|| runtime.block_on(worker_pool(workload, results)));
                 });
                 group.bench_function(BenchmarkId::new("async-channel", jobs), |b| {
-                    b.iter(|| runtime.block_on(async_channel_pool(workload, results)));
+                    b.iter(|| runtime.block_on(channel_pool::<AsyncChannel>(workload, results)));
                 });
                 group.bench_function(BenchmarkId::new("flume", jobs), |b| {
-                    b.iter(|| runtime.block_on(flume_pool(workload, results)));
+                    b.iter(|| runtime.block_on(channel_pool::<Flume>(workload, results)));
                 });
                 group.bench_function(BenchmarkId::new("buffer_unordered", jobs), |b| {
                     b.iter(|| runtime.block_on(buffer_unordered(workload, results)));
@@ -313,7 +320,10 @@ fn pool(c: &mut Criterion) {
                         b.iter(|| runtime.block_on(in_task(worker_pool(workload, results))));
                     });
                     group.bench_function(BenchmarkId::new("async-channel/in_task", jobs), |b| {
-                        b.iter(|| runtime.block_on(in_task(async_channel_pool(workload, results))));
+                        b.iter(|| {
+                            runtime
+                                .block_on(in_task(channel_pool::<AsyncChannel>(workload, results)))
+                        });
                     });
                     group.bench_function(BenchmarkId::new("spawn_per_job/in_task", jobs), |b| {
                         b.iter(|| runtime.block_on(in_task(spawn_per_job(workload, results))));

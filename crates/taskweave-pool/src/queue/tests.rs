@@ -3,10 +3,10 @@ use std::future::poll_fn;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use tokio_test::task::spawn;
+use tokio_test::task::{Spawn, spawn};
 use tokio_test::{assert_pending, assert_ready, assert_ready_eq};
 
-use super::{Queue, TryRecvError, TrySendError};
+use super::{Queue, RecvFuture, TryRecvError, TrySendError};
 
 fn full_queue(capacity: u32) -> Queue<u32> {
     let queue = Queue::new(capacity as usize);
@@ -14,6 +14,17 @@ fn full_queue(capacity: u32) -> Queue<u32> {
         assert!(queue.try_send(item).is_ok());
     }
     queue
+}
+
+/// Two receivers waiting on an empty queue, the first one longest.
+fn two_waiting_receivers(
+    queue: &Queue<u32>,
+) -> (Spawn<RecvFuture<'_, u32>>, Spawn<RecvFuture<'_, u32>>) {
+    let mut first = spawn(queue.recv());
+    let mut second = spawn(queue.recv());
+    assert_pending!(first.poll());
+    assert_pending!(second.poll());
+    (first, second)
 }
 
 #[test]
@@ -109,10 +120,7 @@ fn into_item_hands_back_an_unsent_item_and_nothing_for_a_sent_one() {
 #[test]
 fn a_woken_receiver_that_is_dropped_passes_its_turn_on() {
     let queue = Queue::new(2);
-    let mut first = spawn(queue.recv());
-    let mut second = spawn(queue.recv());
-    assert_pending!(first.poll());
-    assert_pending!(second.poll());
+    let (first, mut second) = two_waiting_receivers(&queue);
     assert!(queue.try_send(1).is_ok());
     assert!(
         first.is_woken() && !second.is_woken(),
@@ -144,10 +152,7 @@ fn a_woken_sender_that_is_dropped_passes_its_turn_on() {
 #[test]
 fn a_dropped_waiter_that_was_not_woken_wakes_nobody() {
     let queue = Queue::<u32>::new(1);
-    let mut first = spawn(queue.recv());
-    let mut second = spawn(queue.recv());
-    assert_pending!(first.poll());
-    assert_pending!(second.poll());
+    let (first, second) = two_waiting_receivers(&queue);
     drop(first);
     assert!(!second.is_woken());
     assert!(queue.try_send(1).is_ok());
@@ -157,10 +162,7 @@ fn a_dropped_waiter_that_was_not_woken_wakes_nobody() {
 #[test]
 fn a_woken_waiter_whose_turn_was_taken_waits_at_the_front_again() {
     let queue = Queue::new(2);
-    let mut first = spawn(queue.recv());
-    let mut second = spawn(queue.recv());
-    assert_pending!(first.poll());
-    assert_pending!(second.poll());
+    let (mut first, second) = two_waiting_receivers(&queue);
     assert!(queue.try_send(1).is_ok());
     assert!(first.is_woken());
     // A newcomer takes the item before the woken receiver runs.
