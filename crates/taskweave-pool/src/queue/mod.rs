@@ -24,13 +24,21 @@
 //! goes back to the front of its list.
 //!
 //! No user code runs under the lock: items are never dropped there, and wakers are only
-//! cloned, compared and taken there.
+//! cloned, compared and taken there (a waker replaced or taken off a list is dropped after
+//! the lock is released).
+//!
+//! Checked by poll-level tests and a multi-thread stress test (`tests.rs`), and by loom
+//! models (`loom_models.rs`).
 
+#[cfg(all(test, taskweave_loom))]
+use loom::sync::{Mutex, MutexGuard};
 use std::collections::VecDeque;
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::PoisonError;
+#[cfg(not(all(test, taskweave_loom)))]
+use std::sync::{Mutex, MutexGuard};
 use std::task::{Context, Poll, Waker};
 
 /// A bounded FIFO queue with async send and receive for any number of producers and
@@ -493,5 +501,8 @@ fn wake(waker: Option<Waker>) {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, not(taskweave_loom)))]
 mod tests;
+
+#[cfg(all(test, taskweave_loom))]
+mod loom_models;

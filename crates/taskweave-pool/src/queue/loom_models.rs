@@ -1,0 +1,101 @@
+//! Loom models of the queue's wake-ups: every interleaving of the lock, a lost wake-up shows
+//! as a deadlock (a thread parked for ever). Run with
+//! `RUSTFLAGS="--cfg taskweave_loom" cargo test -p taskweave-pool --lib --release`.
+
+use std::future::Future;
+use std::pin::pin;
+use std::task::{Context, Poll, Waker};
+
+use loom::future::block_on;
+use loom::sync::Arc;
+use loom::thread;
+
+use super::Queue;
+
+/// Polls `future` once with a waker that does nothing, then drops it: a waiter that gives
+/// up, possibly after it was woken.
+fn poll_once_then_drop<F: Future>(future: F) -> Option<F::Output> {
+    let mut future = pin!(future);
+    match future
+        .as_mut()
+        .poll(&mut Context::from_waker(Waker::noop()))
+    {
+        Poll::Ready(output) => Some(output),
+        Poll::Pending => None,
+    }
+}
+
+/// A sender and a receiver through a queue of one: each waits for the other in turn.
+#[test]
+fn a_sender_and_a_receiver_hand_items_over_without_losing_a_wake_up() {
+    loom::model(|| {
+        let queue = Arc::new(Queue::new(1));
+        let sender = {
+            let queue = Arc::clone(&queue);
+            thread::spawn(move || {
+                for item in 0..2_u32 {
+                    assert!(block_on(queue.send(item)).is_ok());
+                }
+            })
+        };
+        assert_eq!(block_on(queue.recv()), Some(0));
+        assert_eq!(block_on(queue.recv()), Some(1));
+        sender.join().unwrap();
+    });
+}
+
+/// A receiver that may be woken for the one item and then gives up: its turn must reach the
+/// other receiver, which otherwise sleeps beside the item.
+#[test]
+fn a_receiver_that_gives_up_passes_its_wake_up_on() {
+    loom::model(|| {
+        let queue = Arc::new(Queue::<u32>::new(1));
+        let quitter = {
+            let queue = Arc::clone(&queue);
+            thread::spawn(move || poll_once_then_drop(queue.recv()).flatten())
+        };
+        let waiter = {
+            let queue = Arc::clone(&queue);
+            thread::spawn(move || block_on(queue.recv()))
+        };
+        assert!(queue.try_send(7).is_ok());
+        let quitter_got = quitter.join().unwrap();
+        if quitter_got.is_some() {
+            // Nothing left for the other one: release it.
+            queue.close();
+        }
+        let waiter_got = waiter.join().unwrap();
+        assert_eq!(
+            usize::from(quitter_got.is_some()) + usize::from(waiter_got.is_some()),
+            1,
+            "the item reached exactly one receiver"
+        );
+    });
+}
+
+/// A sender that may be woken for the one free slot and then gives up: its turn must reach
+/// the other sender, which otherwise sleeps beside the free slot.
+#[test]
+fn a_sender_that_gives_up_passes_its_wake_up_on() {
+    loom::model(|| {
+        let queue = Arc::new(Queue::new(1));
+        assert!(queue.try_send(0_u32).is_ok());
+        let quitter = {
+            let queue = Arc::clone(&queue);
+            thread::spawn(move || {
+                poll_once_then_drop(queue.send(1)).is_some_and(|sent| sent.is_ok())
+            })
+        };
+        let waiter = {
+            let queue = Arc::clone(&queue);
+            thread::spawn(move || block_on(queue.send(2)).is_ok())
+        };
+        assert_eq!(queue.try_recv(), Ok(0));
+        if quitter.join().unwrap() {
+            // The quitter took the slot: free another one for the waiter.
+            assert_eq!(queue.try_recv(), Ok(1));
+        }
+        assert!(waiter.join().unwrap());
+        assert_eq!(queue.drain(), [2]);
+    });
+}
