@@ -27,7 +27,8 @@ pub struct PoolMetrics {
     pub rejected: u64,
     /// Queued jobs dropped to make room under [`Overflow::DropOldest`](crate::Overflow).
     pub dropped: u64,
-    /// Queued jobs handed back by a close after cancellation or a deadline.
+    /// Queued jobs handed back by a close after cancellation or a deadline (or after the
+    /// worker tasks were dropped, their runtime shut down).
     pub handed_back: u64,
     /// Jobs accepted and not started: waiting in the queue, or taken by a worker after the
     /// token was cancelled and waiting to be handed back by `close`.
@@ -43,7 +44,8 @@ pub struct PoolMetrics {
 #[non_exhaustive]
 pub struct CloseReport<J> {
     /// Jobs that were accepted but never started, `(index, job)` sorted by index. Empty after a
-    /// plain `close()` of a pool whose token was not cancelled: those drain every job.
+    /// plain `close()` of a pool whose token was not cancelled and whose workers are alive
+    /// (not dropped with a runtime that shut down): those drain every job.
     pub handed_back: Vec<(u64, J)>,
     /// Handlers that were running when the pool's token was cancelled (by the deadline or the
     /// parent) and returned after it; they are also counted by how they ended.

@@ -224,6 +224,8 @@ where
             let task = worker::work(exit, worker, Arc::clone(&handler));
             let name = format!("{}-worker-{worker}", shared.name);
             if shared.workers.spawn(name, task).is_err() {
+                // Let the workers already spawned drain and exit before giving up.
+                shared.close_queue();
                 unreachable!("a new supervisor is open");
             }
         }

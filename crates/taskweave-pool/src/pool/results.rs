@@ -3,7 +3,7 @@
 use std::collections::VecDeque;
 use std::fmt;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll, ready};
 
 use futures::Stream;
@@ -19,20 +19,23 @@ use crate::JobResult;
 ///
 /// The queue behind it is bounded (the capacity given to
 /// [`WorkerPoolBuilder::results`](crate::WorkerPoolBuilder::results)): a consumer that falls
-/// behind slows the workers down instead of growing memory. A poll that finds the buffer
-/// empty takes every outcome queued at that moment in one step (one lock round trip with the
-/// workers instead of one per outcome), so the stream may hold up to twice that capacity:
-/// outcomes it took and has not yet handed out, and as many queued behind them. Dropping the
-/// stream is allowed;
-/// outcomes are then only counted. The stream ends after the last worker has exited.
-/// `size_hint` reports the outcomes already buffered as its lower bound.
+/// behind slows the workers down instead of growing memory. A poll that finds nothing taken
+/// takes every outcome queued at that moment in one step (one lock round trip with the
+/// workers instead of one per outcome), so up to twice that capacity may be held: outcomes
+/// the stream took and has not yet handed out, and as many queued behind them.
+///
+/// Dropping the stream is allowed; outcomes are then only counted. The stream ends after the
+/// last worker has exited. `size_hint` reports the outcomes already buffered as its lower
+/// bound.
 #[must_use = "streams do nothing unless polled"]
 pub struct Results<R, E> {
     queue: Arc<ResultsQueue<R, E>>,
     /// This stream's place in the queue's wait list while it waits for an outcome.
     waiter: Option<u64>,
-    /// Outcomes taken from the queue in one go, handed out one by one.
-    taken: VecDeque<(u64, JobResult<R, E>)>,
+    /// Outcomes taken from the queue in one go, handed out one by one. Behind a `Mutex` only
+    /// so that `Results` is `Sync` whenever the outcomes are `Send` (as with the queue);
+    /// polling reaches it through `get_mut`, which takes no lock.
+    taken: Mutex<VecDeque<(u64, JobResult<R, E>)>>,
     done: bool,
 }
 
@@ -41,9 +44,21 @@ impl<R, E> Results<R, E> {
         Results {
             queue,
             waiter: None,
-            taken: VecDeque::new(),
+            taken: Mutex::new(VecDeque::new()),
             done: false,
         }
+    }
+}
+
+impl<R, E> Results<R, E> {
+    /// Outcomes taken and not yet handed out, and those still queued.
+    fn buffered(&self) -> usize {
+        let taken = self
+            .taken
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .len();
+        taken + self.queue.len()
     }
 }
 
@@ -55,18 +70,16 @@ impl<R, E> Stream for Results<R, E> {
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         let this = &mut *self;
-        if let Some(outcome) = this.taken.pop_front() {
+        let taken = this.taken.get_mut().unwrap_or_else(PoisonError::into_inner);
+        if let Some(outcome) = taken.pop_front() {
             return Poll::Ready(Some(outcome));
         }
         if this.done {
             return Poll::Ready(None);
         }
         // Everything buffered in one lock: far fewer lock round trips with the workers.
-        ready!(
-            this.queue
-                .poll_recv_all(&mut this.waiter, cx, &mut this.taken)
-        );
-        let next = this.taken.pop_front();
+        ready!(this.queue.poll_recv_all(&mut this.waiter, cx, taken));
+        let next = taken.pop_front();
         this.done = next.is_none();
         Poll::Ready(next)
     }
@@ -75,7 +88,7 @@ impl<R, E> Stream for Results<R, E> {
         if self.done {
             (0, Some(0))
         } else {
-            (self.taken.len() + self.queue.len(), None)
+            (self.buffered(), None)
         }
     }
 }
@@ -99,7 +112,7 @@ impl<R, E> Drop for Results<R, E> {
 impl<R, E> fmt::Debug for Results<R, E> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Results")
-            .field("buffered", &(self.taken.len() + self.queue.len()))
+            .field("buffered", &self.buffered())
             .field("done", &self.done)
             .finish()
     }

@@ -2,7 +2,8 @@
 //! as a deadlock (a thread parked for ever). Run with
 //! `RUSTFLAGS="--cfg taskweave_loom" cargo test -p taskweave-pool --lib --release`.
 
-use std::future::Future;
+use std::collections::VecDeque;
+use std::future::{Future, poll_fn};
 use std::pin::pin;
 use std::task::{Context, Poll, Waker};
 
@@ -25,19 +26,25 @@ fn poll_once_then_drop<F: Future>(future: F) -> Option<F::Output> {
     }
 }
 
+/// A thread that sends 0 and 1, waiting for room each time, then closes the queue if asked.
+fn send_two(queue: &Arc<Queue<u32>>, then_close: bool) -> thread::JoinHandle<()> {
+    let queue = Arc::clone(queue);
+    thread::spawn(move || {
+        for item in 0..2 {
+            assert!(block_on(queue.send(item)).is_ok());
+        }
+        if then_close {
+            queue.close();
+        }
+    })
+}
+
 /// A sender and a receiver through a queue of one: each waits for the other in turn.
 #[test]
 fn a_sender_and_a_receiver_hand_items_over_without_losing_a_wake_up() {
     loom::model(|| {
         let queue = Arc::new(Queue::new(1));
-        let sender = {
-            let queue = Arc::clone(&queue);
-            thread::spawn(move || {
-                for item in 0..2_u32 {
-                    assert!(block_on(queue.send(item)).is_ok());
-                }
-            })
-        };
+        let sender = send_two(&queue, false);
         assert_eq!(block_on(queue.recv()), Some(0));
         assert_eq!(block_on(queue.recv()), Some(1));
         sender.join().unwrap();
@@ -70,6 +77,7 @@ fn a_receiver_that_gives_up_passes_its_wake_up_on() {
             1,
             "the item reached exactly one receiver"
         );
+        assert_eq!(queue.waiters(), [0; 4]);
     });
 }
 
@@ -97,5 +105,30 @@ fn a_sender_that_gives_up_passes_its_wake_up_on() {
         }
         assert!(waiter.join().unwrap());
         assert_eq!(queue.drain(), [2]);
+        assert_eq!(queue.waiters(), [0; 4]);
+    });
+}
+
+/// A sender fills a queue of one twice and closes it while the receiver takes everything in
+/// batches: every item arrives, and the end comes only after the last one.
+#[test]
+fn batches_get_every_item_then_the_end_despite_a_racing_close() {
+    loom::model(|| {
+        let queue = Arc::new(Queue::new(1));
+        let sender = send_two(&queue, true);
+        let mut waiter = None;
+        let mut taken = VecDeque::new();
+        loop {
+            let before = taken.len();
+            block_on(poll_fn(|cx| {
+                queue.poll_recv_all(&mut waiter, cx, &mut taken)
+            }));
+            if taken.len() == before {
+                break;
+            }
+        }
+        assert_eq!(taken, [0, 1]);
+        assert_eq!(queue.waiters(), [0; 4]);
+        sender.join().unwrap();
     });
 }

@@ -16,6 +16,15 @@ fn full_queue(capacity: u32) -> Queue<u32> {
     queue
 }
 
+/// Nobody waits and every wake-up was used or given up: nothing left in the bookkeeping.
+fn assert_no_waiters<T>(queue: &Queue<T>) {
+    assert_eq!(
+        queue.waiters(),
+        [0; 4],
+        "listed and woken, receivers then senders"
+    );
+}
+
 /// Two receivers waiting on an empty queue, the first one longest.
 fn two_waiting_receivers(
     queue: &Queue<u32>,
@@ -78,6 +87,7 @@ fn a_send_on_a_full_queue_waits_until_a_slot_frees() {
     assert!(send.is_woken(), "a freed slot wakes the waiting sender");
     assert_ready!(send.poll()).unwrap_or_else(|_| panic!("the slot is free"));
     assert_eq!(queue.drain(), [7]);
+    assert_no_waiters(&queue);
 }
 
 #[test]
@@ -88,6 +98,7 @@ fn a_recv_on_an_empty_queue_waits_until_an_item_comes() {
     assert!(queue.try_send(3).is_ok());
     assert!(recv.is_woken());
     assert_ready_eq!(recv.poll(), Some(3));
+    assert_no_waiters(&queue);
 }
 
 #[test]
@@ -115,6 +126,7 @@ fn into_item_hands_back_an_unsent_item_and_nothing_for_a_sent_one() {
     let mut sent = spawn(queue.send(8));
     assert_ready!(sent.poll()).unwrap_or_else(|_| panic!("the slot is free"));
     assert_eq!(sent.into_inner().into_item(), None);
+    assert_no_waiters(&queue);
 }
 
 #[test]
@@ -132,6 +144,7 @@ fn a_woken_receiver_that_is_dropped_passes_its_turn_on() {
         "the unused turn went to the next receiver"
     );
     assert_ready_eq!(second.poll(), Some(1));
+    assert_no_waiters(&queue);
 }
 
 #[test]
@@ -147,6 +160,7 @@ fn a_woken_sender_that_is_dropped_passes_its_turn_on() {
     assert!(second.is_woken());
     assert_ready!(second.poll()).unwrap_or_else(|_| panic!("the slot is free"));
     assert_eq!(queue.drain(), [2]);
+    assert_no_waiters(&queue);
 }
 
 #[test]
@@ -172,6 +186,30 @@ fn a_woken_waiter_whose_turn_was_taken_waits_at_the_front_again() {
     assert!(first.is_woken(), "it waited longest, so it is woken first");
     assert!(!second.is_woken());
     assert_ready_eq!(first.poll(), Some(2));
+    drop(second);
+    assert_no_waiters(&queue);
+}
+
+#[test]
+fn waiters_woken_before_a_close_leave_no_bookkeeping_behind() {
+    let queue = Queue::new(1);
+    let (first, mut second) = two_waiting_receivers(&queue);
+    assert!(queue.try_send(1).is_ok());
+    assert!(first.is_woken(), "woken for the item");
+    assert!(queue.close());
+    assert!(second.is_woken(), "woken by the close");
+    // One gets the item, both then see the end; a dropped one leaves nothing behind either.
+    assert_ready_eq!(second.poll(), Some(1));
+    drop(first);
+    assert_no_waiters(&queue);
+    let full = full_queue(1);
+    let mut send = spawn(full.send(2));
+    assert_pending!(send.poll());
+    assert_eq!(full.try_recv(), Ok(0));
+    assert!(send.is_woken());
+    assert!(full.close());
+    assert!(matches!(assert_ready!(send.poll()), Err(2)));
+    assert_no_waiters(&full);
 }
 
 #[test]
@@ -230,6 +268,8 @@ fn poll_recv_all_takes_every_item_and_wakes_as_many_senders() {
     assert_ready!(owner.poll());
     drop(owner);
     assert_eq!(taken, [0, 1, 5]);
+    assert!(waiter.is_none(), "a ready poll leaves the list");
+    assert_no_waiters(&queue);
 }
 
 /// Producers and consumers on several threads, consumers giving up their wait now and then:
@@ -317,6 +357,7 @@ fn every_item_arrives_once_across_threads_with_abandoned_waits() {
             consumer.await.expect("consumer");
         }
         assert_eq!(count.load(Ordering::Relaxed), ITEMS);
+        assert_no_waiters(&queue);
         assert_eq!(sum.load(Ordering::Relaxed), ITEMS * (ITEMS - 1) / 2);
     });
 }

@@ -20,6 +20,9 @@ fn public_types_are_send_sync_and_unpin() {
     send_sync_unpin::<TrySubmitError<String>>();
     send_sync_unpin::<JobError<String>>();
     send_sync_unpin::<JobContext>();
+    // The stream is `Sync` when outcomes are only `Send`, and `Unpin` whatever they are.
+    send_sync_unpin::<Results<std::cell::Cell<u64>, String>>();
+    send_sync_unpin::<Results<std::marker::PhantomPinned, String>>();
 }
 
 #[test]

@@ -175,14 +175,16 @@ fn workers_dropped_before_they_ran_still_close_the_pool_and_end_the_stream() {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .build()
         .unwrap();
-    // `block_on` returns as soon as the pool is built: the spawned workers never ran.
-    let pool = runtime.block_on(async {
+    // Built inside the runtime's context but outside any `block_on`: nothing ever polls the
+    // spawned workers.
+    let pool = {
+        let _context = runtime.enter();
         WorkerPool::builder(2, 4)
             .results(4)
             .spawn(CancellationToken::new(), |_context, job: u64| async move {
                 Ok::<_, String>(job)
             })
-    });
+    };
     let mut results = pool.results().unwrap();
     assert_eq!(pool.metrics().workers_alive, 2);
     drop(runtime);
