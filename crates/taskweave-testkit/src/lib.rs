@@ -13,6 +13,21 @@
 //! # }
 //! ```
 
+/// A current-thread runtime with time enabled and the clock paused, for tests (proptests
+/// among them) that build their runtime by hand.
+///
+/// # Panics
+///
+/// Panics if the runtime cannot be built.
+#[must_use]
+pub fn paused_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .expect("a current-thread runtime builds")
+}
+
 /// The number of tasks alive on the current runtime.
 ///
 /// # Panics

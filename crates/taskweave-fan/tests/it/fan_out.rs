@@ -108,11 +108,7 @@ proptest! {
     // Whatever the timing, each item is processed exactly once.
     #[test]
     fn each_item_exactly_once(items in proptest::collection::vec(0_u64..20, 0..60), workers in 1_usize..6) {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_time()
-            .start_paused(true)
-            .build()
-            .unwrap();
+        let runtime = taskweave_testkit::paused_runtime();
         let indexed: Vec<(usize, u64)> = items.iter().copied().enumerate().collect();
         let input = futures::stream::iter(indexed.clone());
         let mut out: Vec<(usize, u64)> = runtime.block_on(async move {

@@ -170,11 +170,7 @@ proptest::proptest! {
         plans in proptest::collection::vec((0_u64..20, 0_u8..3), 0..30),
         limit in 1_usize..5,
     ) {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_time()
-            .start_paused(true)
-            .build()
-            .unwrap();
+        let runtime = taskweave_testkit::paused_runtime();
         let total = plans.len();
         let (peak, report) = runtime.block_on(async move {
             let concurrency = Concurrency::default();

@@ -170,11 +170,7 @@ proptest! {
         delays in proptest::collection::vec(0_u64..50, 0..40),
         limit in 1_usize..8,
     ) {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_time()
-            .start_paused(true)
-            .build()
-            .unwrap();
+        let runtime = taskweave_testkit::paused_runtime();
         let expected: Vec<(usize, u64)> = delays.iter().copied().enumerate().collect();
         let inputs = expected.clone();
         let results = runtime.block_on(map_parallel(

@@ -263,11 +263,7 @@ async fn with_fast_clock_ignores_the_paused_clock() {
 #[test]
 fn created_outside_a_runtime_it_follows_the_paused_runtime_it_is_used_in() {
     let auto = RateLimiter::with_interval(Duration::from_secs(3600), 1);
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .start_paused(true)
-        .build()
-        .unwrap();
+    let runtime = taskweave_testkit::paused_runtime();
     runtime.block_on(async {
         assert!(refills_after_an_hour_of_tokio_time(&auto).await);
     });

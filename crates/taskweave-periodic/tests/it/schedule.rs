@@ -151,11 +151,7 @@ proptest! {
     fn fixed_rate_runs_start_on_the_grid_and_account_for_every_tick(
         durations in proptest::collection::vec(0_u64..350, 1..40),
     ) {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_time()
-            .start_paused(true)
-            .build()
-            .unwrap();
+        let runtime = taskweave_testkit::paused_runtime();
         let work = durations.clone();
         let (report, runs) = runtime.block_on(record(
             Periodic::new(100 * MS).with_first_run(FirstRun::Immediately),

@@ -6,7 +6,7 @@ use proptest::prelude::*;
 use taskweave_pool::{Overflow, PoolMetrics, WorkerPool};
 use tokio_util::sync::CancellationToken;
 
-use crate::support::{alive_tasks, assert_no_leaked_tasks};
+use crate::support::{alive_tasks, assert_books_balance, assert_no_leaked_tasks};
 
 #[derive(Clone, Copy, Debug)]
 enum Outcome {
@@ -74,11 +74,7 @@ fn simulate(
     capacity: usize,
     stop: Stop,
 ) -> (PoolMetrics, usize, u64) {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .start_paused(true)
-        .build()
-        .unwrap();
+    let runtime = taskweave_testkit::paused_runtime();
     runtime.block_on(async move {
         let baseline = alive_tasks();
         let parent = CancellationToken::new();
@@ -222,11 +218,7 @@ fn drop_oldest_submitters_on_other_threads_racing_a_close_balance_the_books() {
             attempts,
             "round {round}: one refusal each"
         );
-        assert_eq!(
-            m.submitted,
-            m.completed + m.failed + m.panicked + m.dropped + m.handed_back,
-            "round {round}: {m:?}"
-        );
+        assert_books_balance(&m, &format!("round {round}"));
         assert_eq!(
             (m.handed_back, report.handed_back.len()),
             (0, 0),

@@ -2,6 +2,7 @@
 
 use std::sync::Arc;
 
+use taskweave_pool::PoolMetrics;
 pub(crate) use taskweave_testkit::{alive_tasks, assert_no_leaked_tasks};
 use tokio::sync::Semaphore;
 
@@ -21,4 +22,15 @@ impl Gate {
     pub(crate) async fn pass(&self) {
         self.0.acquire().await.unwrap().forget();
     }
+}
+
+/// Every accepted job is accounted for exactly once:
+/// `submitted == completed + failed + panicked + dropped + handed_back`.
+#[track_caller]
+pub(crate) fn assert_books_balance(m: &PoolMetrics, context: &str) {
+    assert_eq!(
+        m.submitted,
+        m.completed + m.failed + m.panicked + m.dropped + m.handed_back,
+        "{context}: {m:?}"
+    );
 }

@@ -60,11 +60,7 @@ proptest! {
         delays in proptest::collection::vec(0_u64..20, 0..80),
         window in 1_usize..10,
     ) {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_time()
-            .start_paused(true)
-            .build()
-            .unwrap();
+        let runtime = taskweave_testkit::paused_runtime();
         let n = delays.len() as u64;
         let (out, peak) = runtime.block_on(async move {
             let (tx, mut rx) = reorder_channel::<u64>(window);

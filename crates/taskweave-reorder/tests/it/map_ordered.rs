@@ -212,11 +212,7 @@ proptest! {
         delays in proptest::collection::vec((0_u64..50, 0_u64..30), 0..60),
         concurrency in 1_usize..6,
     ) {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_time()
-            .start_paused(true)
-            .build()
-            .unwrap();
+        let runtime = taskweave_testkit::paused_runtime();
         let expected: Vec<usize> = (0..delays.len()).collect();
         let consumer_waits: Vec<u64> = delays.iter().map(|&(_, wait)| wait).collect();
         let input = futures::stream::iter(delays.into_iter().map(|(call, _)| call).enumerate());

@@ -244,11 +244,7 @@ fn plan() -> impl Strategy<Value = Plan> {
 }
 
 fn run_plans(plans: &[Plan], grace_ms: u64, close_after_ms: u64) -> (SupervisorMetrics, usize) {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .start_paused(true)
-        .build()
-        .unwrap();
+    let runtime = taskweave_testkit::paused_runtime();
     runtime.block_on(async {
         let baseline = alive_tasks();
         let supervisor = Supervisor::new(CancellationToken::new());

@@ -231,11 +231,7 @@ proptest! {
         paces in proptest::collection::vec(0_u64..5, 1..5),
         capacity in 1_usize..4,
     ) {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_time()
-            .start_paused(true)
-            .build()
-            .unwrap();
+        let runtime = taskweave_testkit::paused_runtime();
         let expected = items.clone();
         let got: Vec<Vec<u16>> = runtime.block_on(async move {
             let policies = vec![Policy::lockstep(capacity); paces.len()];
