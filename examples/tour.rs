@@ -12,6 +12,7 @@ use taskweave::fan::{fan_out, merge};
 use taskweave::group::{CollectGroup, TaskGroup, map_parallel};
 use taskweave::limit::{KeyedRateLimiter, RateLimiter};
 use taskweave::ordone::OrDoneExt;
+use taskweave::outbox::{Event, MemoryPublisher, MemoryStore, PublishError, Relay};
 use taskweave::periodic::{FirstRun, Periodic};
 use taskweave::pipeline::{Pipeline, PipelineExt, StageEnd};
 use taskweave::pool::{JobContext, TrySubmitError, WorkerPool, run};
@@ -34,6 +35,7 @@ async fn main() {
     streams(&root).await;
     pipeline(&root).await;
     tee_and_reorder(&root).await;
+    outbox(&root).await;
     println!("\n== shutdown ==");
     println!("graceful shutdown needs real signals: try `cargo run --example order_service`,");
     println!(
@@ -442,4 +444,77 @@ async fn tee_and_reorder(root: &CancellationToken) {
     .collect()
     .await;
     println!("map_ordered, 3 at a time, later items finishing first: {out:?}");
+}
+
+async fn outbox(root: &CancellationToken) {
+    println!(
+        "\n== outbox: events commit with the business data, relays publish them in key order =="
+    );
+    println!(
+        "(in memory here; the same relay runs on PostgreSQL and Kafka: see docs/patterns/outbox.md)"
+    );
+    let store = MemoryStore::new(64);
+    let publisher = MemoryPublisher::new();
+    // The broker refuses one key for now: only that key waits, the others flow.
+    publisher.fail_when(|record| {
+        (record.key == b"order-2").then(|| PublishError::retriable("broker unavailable"))
+    });
+    let token = root.child_token();
+    let relays: Vec<_> = ["relay-a", "relay-b"]
+        .into_iter()
+        .map(|name| {
+            let relay = Relay::new(store.clone(), publisher.clone())
+                .with_name(name)
+                .with_buckets_per_batch(4)
+                .with_poll_interval(Duration::from_millis(20));
+            tokio::spawn(relay.run(token.clone()))
+        })
+        .collect();
+
+    for order in 1..=3 {
+        let mut tx = store.begin();
+        for status in ["created", "paid"] {
+            tx.enqueue(Event::new(
+                "order-events",
+                format!("order-{order}"),
+                status.as_bytes().to_vec(),
+            ))
+            .expect("a valid event");
+        }
+        tx.commit();
+    }
+    let mut rolled_back = store.begin();
+    rolled_back
+        .enqueue(Event::new("order-events", "order-4", b"created".to_vec()))
+        .expect("a valid event");
+    drop(rolled_back); // the business transaction failed: its event is gone with it
+
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    println!(
+        "published while order-2's broker partition is down: {:?} ({} pending)",
+        published(&publisher),
+        store.pending()
+    );
+    publisher.heal();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    println!("after it heals: {:?}", published(&publisher));
+    token.cancel();
+    for relay in relays {
+        println!("{}", relay.await.expect("the relay task"));
+    }
+}
+
+fn published(publisher: &MemoryPublisher) -> Vec<String> {
+    publisher
+        .published()
+        .iter()
+        .map(|p| {
+            format!(
+                "{} {} (seq {})",
+                String::from_utf8_lossy(&p.key),
+                String::from_utf8_lossy(&p.payload),
+                p.sequence
+            )
+        })
+        .collect()
 }

@@ -19,6 +19,7 @@
 //! | [`tee`] | `taskweave-tee` | every value to n outputs, a policy per output |
 //! | [`reorder`] | `taskweave-reorder` | reorder buffer, reorder adapter, ordered parallel map |
 //! | [`shutdown`] | `taskweave-shutdown` | whole-application graceful shutdown with a report |
+//! | `outbox` | `taskweave-outbox` | transactional outbox: PostgreSQL to Kafka, per-key order (feature `outbox`, off by default) |
 //!
 //! # Example
 //!
@@ -79,3 +80,7 @@ pub use taskweave_reorder as reorder;
 #[cfg(feature = "shutdown")]
 #[doc(inline)]
 pub use taskweave_shutdown as shutdown;
+
+#[cfg(feature = "outbox")]
+#[doc(inline)]
+pub use taskweave_outbox as outbox;

@@ -1,0 +1,131 @@
+//! The relay's cumulative counters, readable while it runs.
+
+use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::error::PublishErrorKind;
+
+/// Plain event counters. Each is read and written on its own (`Relaxed`): a snapshot is a
+/// set of counts taken one after another, not one instant, and nothing synchronises
+/// through them.
+#[derive(Default)]
+pub(crate) struct Counters {
+    batches: AtomicU64,
+    empty_polls: AtomicU64,
+    dispatched: AtomicU64,
+    retriable_failures: AtomicU64,
+    permanent_failures: AtomicU64,
+    held_back: AtomicU64,
+    sent_after_failure: AtomicU64,
+    store_errors: AtomicU64,
+    published_not_committed: AtomicU64,
+}
+
+impl Counters {
+    pub(crate) fn empty_poll(&self) {
+        self.empty_polls.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn store_error(&self) {
+        self.store_errors.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn publish_failed(&self, kind: PublishErrorKind) {
+        match kind {
+            PublishErrorKind::Permanent => &self.permanent_failures,
+            _ => &self.retriable_failures,
+        }
+        .fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn batch_committed(
+        &self,
+        dispatched: usize,
+        sent_after_failure: usize,
+        held_back: usize,
+    ) {
+        self.batches.fetch_add(1, Ordering::Relaxed);
+        self.dispatched
+            .fetch_add(dispatched as u64, Ordering::Relaxed);
+        self.sent_after_failure
+            .fetch_add(sent_after_failure as u64, Ordering::Relaxed);
+        self.held_back
+            .fetch_add(held_back as u64, Ordering::Relaxed);
+    }
+
+    pub(crate) fn commit_failed(&self, published: usize) {
+        self.store_errors.fetch_add(1, Ordering::Relaxed);
+        self.published_not_committed
+            .fetch_add(published as u64, Ordering::Relaxed);
+    }
+}
+
+/// A relay's counters, readable from anywhere while it runs (see
+/// [`Relay::metrics`](crate::Relay::metrics)). Cheap to clone.
+#[derive(Clone)]
+pub struct RelayMetricsHandle {
+    counters: Arc<Counters>,
+}
+
+impl RelayMetricsHandle {
+    pub(crate) fn new(counters: Arc<Counters>) -> Self {
+        Self { counters }
+    }
+
+    /// The counts so far.
+    #[must_use]
+    pub fn snapshot(&self) -> RelayMetrics {
+        let c = &self.counters;
+        let get = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
+        RelayMetrics {
+            batches: get(&c.batches),
+            empty_polls: get(&c.empty_polls),
+            dispatched: get(&c.dispatched),
+            retriable_failures: get(&c.retriable_failures),
+            permanent_failures: get(&c.permanent_failures),
+            held_back: get(&c.held_back),
+            sent_after_failure: get(&c.sent_after_failure),
+            store_errors: get(&c.store_errors),
+            published_not_committed: get(&c.published_not_committed),
+        }
+    }
+}
+
+impl fmt::Debug for RelayMetricsHandle {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("RelayMetricsHandle")
+            .field(&self.snapshot())
+            .finish()
+    }
+}
+
+/// Cumulative counts of a relay.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RelayMetrics {
+    /// Batches that claimed events and committed.
+    pub batches: u64,
+    /// Claims that found nothing.
+    pub empty_polls: u64,
+    /// Events published and marked dispatched.
+    pub dispatched: u64,
+    /// Publishes that failed and may work later (including acknowledgements that did not
+    /// come back within the batch budget).
+    pub retriable_failures: u64,
+    /// Publishes that failed for good (too large, unknown topic, not authorised).
+    pub permanent_failures: u64,
+    /// Events not sent because an earlier event of their key failed in the same batch (or
+    /// the batch ran out of time): left pending, in order.
+    pub held_back: u64,
+    /// Events acknowledged after an earlier event of their key had failed in the same
+    /// batch. They are left pending and published again after it, so a consumer sees them
+    /// twice, the first time out of order. With the idempotent Kafka producer this needs an
+    /// earlier message of the partition to time out while a later one gets through.
+    pub sent_after_failure: u64,
+    /// Claims or commits the store refused.
+    pub store_errors: u64,
+    /// Events acknowledged by the broker whose batch then failed to commit: they will be
+    /// published again (the duplicates consumers will see).
+    pub published_not_committed: u64,
+}

@@ -1,0 +1,487 @@
+//! The relay: claims batches from a [`Store`], publishes them, marks what was delivered.
+
+use std::collections::HashSet;
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use futures::stream::FuturesUnordered;
+use taskweave_shutdown::Shutdown;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::error::{PublishErrorKind, StoreError};
+use crate::publish::Publisher;
+use crate::store::{Batch, ClaimLimits, Store};
+
+mod metrics;
+mod report;
+
+pub use metrics::{RelayMetrics, RelayMetricsHandle};
+pub use report::{BatchSummary, RelayReport, StopReason};
+
+use metrics::Counters;
+
+/// The share of the batch budget given to publishing; the rest is the commit's.
+const PUBLISH_SHARE: f64 = 0.8;
+
+/// Publishes the events of a [`Store`] through a [`Publisher`], batch after batch.
+///
+/// One batch is one store transaction: claim up to
+/// [`buckets_per_batch`](Self::with_buckets_per_batch) key buckets that no other relay
+/// holds, read up to [`batch_size`](Self::with_batch_size) of their pending events in id
+/// order, send them all, await every acknowledgement, mark the delivered ones dispatched,
+/// commit. Guarantees:
+///
+/// - **At least once.** An event is marked dispatched only after its acknowledgement, in
+///   the transaction that claimed it. A crash anywhere in a batch rolls the marks back, and
+///   the events are published again by whichever relay claims their bucket next.
+/// - **Per-key order of first delivery**, with any number of relays on any number of
+///   machines: a key's bucket is held by one batch at a time (`FOR UPDATE SKIP LOCKED`,
+///   released at commit or, after a crash, by the server's rollback: no leases or
+///   heartbeats). Within a batch a key's events are sent in id order; after a key's event
+///   fails, its later events in the batch are not sent, and are not marked even if they
+///   were sent already (then they are sent again after the failed one: see
+///   [`RelayMetrics::sent_after_failure`]).
+/// - **A batch is never cut off.** Cancelling the token stops the relay *between* batches:
+///   the batch in flight finishes (publish, commit) and no new one starts. A batch is
+///   bounded by its [budget](Self::with_batch_budget): 80 % for publishing, after which
+///   unacknowledged events count as failed, and the rest for the commit.
+/// - **Bounded latency.** After a batch that found events the next starts at once; when
+///   there is nothing to do it waits for the [poll interval](Self::with_poll_interval), or
+///   less when a writer in this process nudges it (see
+///   [`PgStore::commit`](crate::PgStore::commit)). After a failure it waits a full interval.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use taskweave_outbox::{Event, MemoryPublisher, MemoryStore, Relay, StopReason};
+/// use tokio_util::sync::CancellationToken;
+///
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+/// # async fn main() {
+/// let store = MemoryStore::new(16);
+/// let publisher = MemoryPublisher::new();
+/// for i in 0..3 {
+///     store.enqueue(Event::new("orders", format!("order-{i}"), b"created".to_vec())).unwrap();
+/// }
+///
+/// let token = CancellationToken::new();
+/// let relay = Relay::new(store.clone(), publisher.clone()).with_poll_interval(Duration::from_millis(100));
+/// let running = tokio::spawn(relay.run(token.clone()));
+/// tokio::time::sleep(Duration::from_secs(1)).await;
+/// token.cancel();
+/// let report = running.await.unwrap();
+///
+/// assert_eq!(publisher.published().len(), 3);
+/// assert_eq!(store.pending(), 0);
+/// assert_eq!(report.dispatched, 3);
+/// assert_eq!(report.stopped, StopReason::Cancelled);
+/// # }
+/// ```
+pub struct Relay<S, P> {
+    store: S,
+    publisher: P,
+    name: String,
+    batch_size: u32,
+    buckets_per_batch: u32,
+    poll_interval: Duration,
+    batch_budget: Duration,
+    shutdown: Option<Shutdown>,
+    counters: Arc<Counters>,
+    #[cfg(feature = "test-hooks")]
+    hook: Option<hooks::Hook>,
+}
+
+impl<S: Store, P: Publisher> Relay<S, P> {
+    /// A relay from `store` to `publisher` with batches of up to 500 events from up to 16
+    /// buckets, a 500 ms poll interval and a 10 s batch budget.
+    pub fn new(store: S, publisher: P) -> Self {
+        Self {
+            store,
+            publisher,
+            name: "outbox relay".to_owned(),
+            batch_size: 500,
+            buckets_per_batch: 16,
+            poll_interval: Duration::from_millis(500),
+            batch_budget: Duration::from_secs(10),
+            shutdown: None,
+            counters: Arc::default(),
+            #[cfg(feature = "test-hooks")]
+            hook: None,
+        }
+    }
+
+    /// Names the relay in its report and `tracing` events.
+    #[must_use]
+    pub fn with_name(mut self, name: impl Into<String>) -> Self {
+        self.name = name.into();
+        self
+    }
+
+    /// The most events in one batch.
+    ///
+    /// # Panics
+    ///
+    /// Panics if `size` is zero.
+    #[must_use]
+    pub fn with_batch_size(mut self, size: u32) -> Self {
+        assert!(
+            size > 0,
+            "Relay::with_batch_size: the size must be greater than zero"
+        );
+        self.batch_size = size;
+        self
+    }
+
+    /// The most buckets one batch claims. Fewer means more relays can work at once (each
+    /// holds fewer buckets); more means fewer batches when events are spread thinly. A
+    /// quarter of the bucket count or less lets four relays share the work.
+    ///
+    /// # Panics
+    ///
+    /// Panics if `buckets` is zero.
+    #[must_use]
+    pub fn with_buckets_per_batch(mut self, buckets: u32) -> Self {
+        assert!(
+            buckets > 0,
+            "Relay::with_buckets_per_batch: the count must be greater than zero"
+        );
+        self.buckets_per_batch = buckets;
+        self
+    }
+
+    /// How long to wait when there was nothing to publish (or the last batch failed).
+    ///
+    /// # Panics
+    ///
+    /// Panics if `interval` is zero.
+    #[must_use]
+    pub fn with_poll_interval(mut self, interval: Duration) -> Self {
+        assert!(
+            !interval.is_zero(),
+            "Relay::with_poll_interval: the interval must be greater than zero"
+        );
+        self.poll_interval = interval;
+        self
+    }
+
+    /// The longest one batch may take, claim to commit: 80 % for publishing, the rest for
+    /// the commit. Size it below the time your shutdown gives the relay; set the Kafka
+    /// producer's `message.timeout.ms` below 80 % of it (the default publisher uses 5 s
+    /// against the default budget of 10 s) so acknowledgements come back in time.
+    ///
+    /// # Panics
+    ///
+    /// Panics if `budget` is zero.
+    #[must_use]
+    pub fn with_batch_budget(mut self, budget: Duration) -> Self {
+        assert!(
+            !budget.is_zero(),
+            "Relay::with_batch_budget: the budget must be greater than zero"
+        );
+        self.batch_budget = budget;
+        self
+    }
+
+    /// Holds a critical section of `shutdown` for each batch, so the shutdown waits for a
+    /// batch in flight before it closes its resources (the database pool, the producer),
+    /// and starts no batch once it is closing them.
+    #[must_use]
+    pub fn with_shutdown(mut self, shutdown: &Shutdown) -> Self {
+        self.shutdown = Some(shutdown.clone());
+        self
+    }
+
+    /// A handle to the relay's counters, readable while it runs.
+    #[must_use]
+    pub fn metrics(&self) -> RelayMetricsHandle {
+        RelayMetricsHandle::new(Arc::clone(&self.counters))
+    }
+
+    /// The batch budget.
+    #[must_use]
+    pub fn batch_budget(&self) -> Duration {
+        self.batch_budget
+    }
+
+    /// Relays until `token` is cancelled; the batch in flight then finishes, and no new one
+    /// starts.
+    ///
+    /// Store and publish failures never end the relay: they are counted, logged at warn,
+    /// and retried after the poll interval.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future (aborting its task) drops the batch in flight: nothing is lost,
+    /// the store rolls it back, and what it had published is published again. Cancel the
+    /// token instead to let the batch finish.
+    pub async fn run(self, token: CancellationToken) -> RelayReport {
+        self.relay(token, None).await
+    }
+
+    /// Relays until nothing is left to claim, `token` is cancelled, or `deadline` is too
+    /// close for another batch: a batch starts only if its whole budget fits before
+    /// `deadline`. For a shutdown phase that publishes what this instance wrote before it
+    /// exits: `relay.drain(ctx.token().clone(), ctx.deadline())`.
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`run`](Self::run).
+    pub async fn drain(self, token: CancellationToken, deadline: Instant) -> RelayReport {
+        self.relay(token, Some(deadline)).await
+    }
+
+    async fn relay(self, token: CancellationToken, drain_until: Option<Instant>) -> RelayReport {
+        let mut listener = self.store.nudge().listen();
+        let mut report = RelayReport::new(self.name.clone());
+        tracing::debug!(relay = %self.name, "outbox relay started");
+        let stopped = loop {
+            if token.is_cancelled() {
+                break StopReason::Cancelled;
+            }
+            if let Some(deadline) = drain_until {
+                let remaining = deadline.saturating_duration_since(Instant::now());
+                if remaining < self.batch_budget {
+                    break StopReason::DeadlineTooClose { remaining };
+                }
+            }
+            let section = match &self.shutdown {
+                Some(shutdown) => {
+                    match shutdown.critical_section(format!("{}: batch", self.name)) {
+                        Some(section) => Some(section),
+                        None => break StopReason::ShutdownClosing,
+                    }
+                }
+                None => None,
+            };
+            listener.mark_seen();
+            let outcome = self.batch().await;
+            drop(section);
+            if token.is_cancelled() && outcome.as_ref().is_ok_and(|s| s.claimed > 0) {
+                report.finished_batch_after_cancel = true;
+            }
+            let wait_for_nudge = match outcome {
+                Ok(summary) => {
+                    report.add(&summary);
+                    let failed = summary.failed > 0 || summary.commit_failed;
+                    let empty = summary.claimed == 0;
+                    report.last_batch = Some(summary);
+                    if empty && drain_until.is_some() {
+                        break StopReason::Drained;
+                    }
+                    if failed {
+                        Some(false)
+                    } else if empty {
+                        Some(true)
+                    } else {
+                        None
+                    }
+                }
+                Err(error) => {
+                    self.counters.store_error();
+                    report.store_errors += 1;
+                    tracing::warn!(relay = %self.name, error = %error, source = ?std::error::Error::source(&error), "outbox claim failed; retrying after the poll interval");
+                    Some(false)
+                }
+            };
+            match wait_for_nudge {
+                Some(nudge) => {
+                    let sleep = tokio::time::sleep(self.poll_interval);
+                    tokio::select! {
+                        biased;
+                        () = token.cancelled() => {}
+                        () = sleep => {}
+                        () = listener.notified(), if nudge => {}
+                    }
+                }
+                // More may be pending: go on at once, but let the runtime's other tasks (other
+                // relays, the writers) run first, since a store and publisher that never wait
+                // would otherwise keep this task on the thread.
+                None => tokio::task::yield_now().await,
+            }
+        };
+        report.stopped = stopped;
+        tracing::debug!(relay = %self.name, stopped = %report.stopped, dispatched = report.dispatched, "outbox relay stopped");
+        report
+    }
+
+    /// One batch: claim, send in id order, await acknowledgements, mark, commit. Never
+    /// raced against the token.
+    async fn batch(&self) -> Result<BatchSummary, StoreError> {
+        let started = Instant::now();
+        let publish_deadline = started + self.batch_budget.mul_f64(PUBLISH_SHARE);
+        let batch = self
+            .store
+            .claim(ClaimLimits {
+                buckets: self.buckets_per_batch,
+                events: self.batch_size,
+                hold_at_most: self.batch_budget,
+            })
+            .await?;
+        let records = batch.records();
+        let mut summary = BatchSummary {
+            claimed: records.len(),
+            ..BatchSummary::default()
+        };
+        if records.is_empty() {
+            self.counters.empty_poll();
+            batch.commit(Vec::new()).await?;
+            summary.took = started.elapsed();
+            return Ok(summary);
+        }
+        self.hook(hooks::Point::BeforePublish).await;
+
+        // Send in id order. A key whose record failed to send is blocked for the rest of
+        // the batch; so is everything after a send that ran out of time.
+        let mut blocked: HashSet<&[u8]> = HashSet::new();
+        let mut outcomes: Vec<Option<Result<(), PublishErrorKind>>> = vec![None; records.len()];
+        let mut deliveries = FuturesUnordered::new();
+        let mut out_of_time = false;
+        for (index, record) in records.iter().enumerate() {
+            if out_of_time || blocked.contains(record.key.as_slice()) {
+                summary.held_back += 1;
+                continue;
+            }
+            match tokio::time::timeout_at(publish_deadline, self.publisher.send(record)).await {
+                Ok(Ok(delivery)) => deliveries.push(async move { (index, delivery.await) }),
+                Ok(Err(error)) => {
+                    tracing::warn!(relay = %self.name, id = record.id, topic = %record.topic, %error, "outbox publish failed");
+                    outcomes[index] = Some(Err(error.kind()));
+                    blocked.insert(record.key.as_slice());
+                }
+                Err(_) => {
+                    tracing::warn!(relay = %self.name, id = record.id, "outbox batch ran out of publish time while sending");
+                    out_of_time = true;
+                    summary.held_back += 1;
+                }
+            }
+        }
+        loop {
+            match tokio::time::timeout_at(publish_deadline, deliveries.next()).await {
+                Ok(Some((index, Ok(())))) => outcomes[index] = Some(Ok(())),
+                Ok(Some((index, Err(error)))) => {
+                    let record = &records[index];
+                    tracing::warn!(relay = %self.name, id = record.id, topic = %record.topic, %error, "outbox publish failed");
+                    outcomes[index] = Some(Err(error.kind()));
+                }
+                Ok(None) => break,
+                Err(_) => {
+                    tracing::warn!(relay = %self.name, unacknowledged = deliveries.len(), "outbox batch ran out of publish time awaiting acknowledgements");
+                    for _ in 0..deliveries.len() {
+                        summary.timed_out += 1;
+                    }
+                    break;
+                }
+            }
+        }
+        drop(deliveries);
+        self.hook(hooks::Point::AfterAcks).await;
+
+        // Mark a key's records while they succeed; stop marking it at its first failure.
+        let mut failed_keys: HashSet<&[u8]> = HashSet::new();
+        let mut dispatched = Vec::with_capacity(records.len());
+        for (record, outcome) in records.iter().zip(&outcomes) {
+            let key = record.key.as_slice();
+            match outcome {
+                Some(Ok(())) if failed_keys.contains(key) => summary.sent_after_failure += 1,
+                Some(Ok(())) => dispatched.push(record.id),
+                Some(Err(kind)) => {
+                    summary.failed += 1;
+                    self.counters.publish_failed(*kind);
+                    failed_keys.insert(key);
+                }
+                // Held back, or timed out: not known to be delivered.
+                None => {
+                    failed_keys.insert(key);
+                }
+            }
+        }
+        summary.failed += summary.timed_out;
+        for _ in 0..summary.timed_out {
+            self.counters.publish_failed(PublishErrorKind::Retriable);
+        }
+        let delivered = dispatched.len();
+        match batch.commit(dispatched).await {
+            Ok(()) => {
+                summary.dispatched = delivered;
+                self.counters.batch_committed(
+                    delivered,
+                    summary.sent_after_failure,
+                    summary.held_back,
+                );
+            }
+            Err(error) => {
+                // Published but not marked: these will be published again.
+                summary.commit_failed = true;
+                self.counters.commit_failed(delivered);
+                tracing::warn!(relay = %self.name, error = %error, published = delivered, "outbox commit failed after publishing: these events will be published again");
+            }
+        }
+        self.hook(hooks::Point::AfterCommit).await;
+        summary.took = started.elapsed();
+        tracing::debug!(relay = %self.name, claimed = summary.claimed, dispatched = summary.dispatched, failed = summary.failed, took = ?summary.took, "outbox batch");
+        Ok(summary)
+    }
+
+    #[cfg(feature = "test-hooks")]
+    async fn hook(&self, point: hooks::Point) {
+        if let Some(hook) = &self.hook {
+            hook(point).await;
+        }
+    }
+
+    #[cfg(not(feature = "test-hooks"))]
+    #[allow(
+        clippy::unused_async,
+        reason = "the same call with and without test hooks"
+    )]
+    async fn hook(&self, _point: hooks::Point) {}
+}
+
+#[cfg(feature = "test-hooks")]
+impl<S, P> Relay<S, P> {
+    /// Awaits `hook` at each named point of every batch that claimed events (test-only: a
+    /// crash test parks the relay at a point and then aborts it or kills its process).
+    #[must_use]
+    pub fn with_hook(
+        mut self,
+        hook: impl Fn(hooks::Point) -> futures::future::BoxFuture<'static, ()> + Send + Sync + 'static,
+    ) -> Self {
+        self.hook = Some(Arc::new(hook));
+        self
+    }
+}
+
+impl<S, P> fmt::Debug for Relay<S, P> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Relay")
+            .field("name", &self.name)
+            .field("batch_size", &self.batch_size)
+            .field("buckets_per_batch", &self.buckets_per_batch)
+            .field("poll_interval", &self.poll_interval)
+            .field("batch_budget", &self.batch_budget)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Named points inside a batch, for crash tests (`test-hooks` feature).
+pub mod hooks {
+    /// Where a batch is.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+    #[non_exhaustive]
+    pub enum Point {
+        /// Claimed, nothing sent yet.
+        BeforePublish,
+        /// Every acknowledgement is in; not committed yet.
+        AfterAcks,
+        /// Committed (or the commit failed).
+        AfterCommit,
+    }
+
+    #[cfg(feature = "test-hooks")]
+    pub(crate) type Hook =
+        std::sync::Arc<dyn Fn(Point) -> futures::future::BoxFuture<'static, ()> + Send + Sync>;
+}

@@ -1,0 +1,783 @@
+//! `PgStore`: the outbox in PostgreSQL. Writers enqueue inside their own transaction;
+//! relays claim key buckets with `FOR UPDATE SKIP LOCKED`.
+
+use std::fmt;
+use std::sync::Arc;
+
+use sqlx::pool::PoolConnection;
+use sqlx::postgres::{PgConnection, PgPool, PgRow};
+use sqlx::{AssertSqlSafe, Postgres, Row};
+use uuid::Uuid;
+
+use crate::bucket::{bucket_of, key_lock_id};
+use crate::error::{EnqueueError, StoreError};
+use crate::event::{Event, EventId, Limits, OutboxRecord};
+use crate::headers;
+use crate::nudge::Nudge;
+use crate::store::{Batch, ClaimLimits, Store};
+
+/// The schema version this crate creates and reads.
+const LATEST_VERSION: i32 = 1;
+
+/// Where the outbox tables live: a PostgreSQL schema and a table-name prefix.
+///
+/// The default is schema `public`, prefix `outbox_`: tables `public.outbox_events`,
+/// `public.outbox_buckets` and `public.outbox_meta`.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Schema {
+    schema: String,
+    prefix: String,
+}
+
+impl Schema {
+    /// Tables in `schema`, with the default `outbox_` prefix.
+    ///
+    /// # Panics
+    ///
+    /// Panics unless `schema` is a plain lowercase identifier (`[a-z_][a-z0-9_]*`, at most
+    /// 48 bytes): it is written into SQL, so nothing else is accepted.
+    #[must_use]
+    pub fn new(schema: &str) -> Self {
+        assert!(
+            is_identifier(schema, false),
+            "Schema::new: {schema:?} is not a plain lowercase identifier ([a-z_][a-z0-9_]*, at most 48 bytes)"
+        );
+        Self {
+            schema: schema.to_owned(),
+            prefix: "outbox_".to_owned(),
+        }
+    }
+
+    /// Sets the table-name prefix (it may be empty).
+    ///
+    /// # Panics
+    ///
+    /// Panics unless `prefix` is empty or `[a-z_][a-z0-9_]*`, at most 48 bytes.
+    #[must_use]
+    pub fn with_table_prefix(mut self, prefix: &str) -> Self {
+        assert!(
+            is_identifier(prefix, true),
+            "Schema::with_table_prefix: {prefix:?} is not a plain lowercase identifier ([a-z_][a-z0-9_]*, at most 48 bytes)"
+        );
+        prefix.clone_into(&mut self.prefix);
+        self
+    }
+
+    /// The schema's name.
+    #[must_use]
+    pub fn schema(&self) -> &str {
+        &self.schema
+    }
+
+    /// The events table, quoted for SQL.
+    #[must_use]
+    pub fn events_table(&self) -> String {
+        self.table("events")
+    }
+
+    /// The buckets table, quoted for SQL.
+    #[must_use]
+    pub fn buckets_table(&self) -> String {
+        self.table("buckets")
+    }
+
+    fn meta_table(&self) -> String {
+        self.table("meta")
+    }
+
+    fn table(&self, name: &str) -> String {
+        format!("\"{}\".\"{}{name}\"", self.schema, self.prefix)
+    }
+
+    fn index(&self, name: &str) -> String {
+        format!("\"{}{name}\"", self.prefix)
+    }
+}
+
+impl Default for Schema {
+    fn default() -> Self {
+        Self::new("public")
+    }
+}
+
+impl fmt::Debug for Schema {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Schema({}.{}*)", self.schema, self.prefix)
+    }
+}
+
+fn is_identifier(name: &str, may_be_empty: bool) -> bool {
+    if name.is_empty() {
+        return may_be_empty;
+    }
+    let bytes = name.as_bytes();
+    name.len() <= 48
+        && (bytes[0].is_ascii_lowercase() || bytes[0] == b'_')
+        && bytes
+            .iter()
+            .all(|&b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+}
+
+/// Creates or upgrades the outbox tables in `schema`, with `buckets` key buckets; returns
+/// the schema version now in place. Idempotent, and safe to run from every instance at
+/// start-up: concurrent runs wait on one advisory lock, and one transaction does all of it.
+///
+/// How many buckets: at least the most relays you will run at once times four, so relays
+/// share the work evenly; 64 suits up to 16 relays. The count cannot change later (every
+/// row stores its bucket).
+///
+/// # Errors
+///
+/// [`StoreError::BucketCountMismatch`] when the tables exist with another bucket count,
+/// [`StoreError::NewerSchema`] when a newer crate migrated them, or the database's error.
+///
+/// # Panics
+///
+/// Panics if `buckets` is zero or above 65,536.
+///
+/// # Cancel safety
+///
+/// Not cancel safe: run it to completion (a dropped future closes its connection, and the
+/// server rolls the migration back).
+pub async fn migrate(pool: &PgPool, schema: &Schema, buckets: u32) -> Result<i32, StoreError> {
+    assert!(
+        (1..=65_536).contains(&buckets),
+        "migrate: the bucket count must be between 1 and 65536"
+    );
+    let mut conn = Guarded::new(pool.acquire().await?);
+    let meta = schema.meta_table();
+    let lock = key_lock_id(&meta, b"migrate");
+    sqlx::raw_sql("BEGIN").execute(conn.open()).await?;
+    sqlx::query("SELECT pg_advisory_xact_lock($1)")
+        .bind(lock)
+        .execute(conn.get())
+        .await?;
+    sqlx::raw_sql(AssertSqlSafe(format!(
+        "CREATE SCHEMA IF NOT EXISTS \"{s}\";
+         CREATE TABLE IF NOT EXISTS {meta} (
+             singleton boolean PRIMARY KEY DEFAULT true CHECK (singleton),
+             version integer NOT NULL,
+             buckets integer NOT NULL CHECK (buckets > 0)
+         );",
+        s = schema.schema
+    )))
+    .execute(conn.get())
+    .await?;
+    let stored: Option<(i32, i32)> = sqlx::query_as(AssertSqlSafe(format!(
+        "SELECT version, buckets FROM {meta}"
+    )))
+    .fetch_optional(conn.get())
+    .await?;
+    let version = match stored {
+        Some((version, stored_buckets)) => {
+            let stored_buckets = u32::try_from(stored_buckets).unwrap_or(0);
+            if stored_buckets != buckets {
+                conn.rollback().await?;
+                return Err(StoreError::BucketCountMismatch {
+                    stored: stored_buckets,
+                    requested: buckets,
+                });
+            }
+            if version > LATEST_VERSION {
+                conn.rollback().await?;
+                return Err(StoreError::NewerSchema {
+                    found: version,
+                    known: LATEST_VERSION,
+                });
+            }
+            version
+        }
+        None => 0,
+    };
+    if version < 1 {
+        sqlx::raw_sql(AssertSqlSafe(version_1(schema, buckets)))
+            .execute(conn.get())
+            .await?;
+    }
+    sqlx::query(AssertSqlSafe(format!(
+        "INSERT INTO {meta} (version, buckets) VALUES ($1, $2)
+         ON CONFLICT (singleton) DO UPDATE SET version = EXCLUDED.version"
+    )))
+    .bind(LATEST_VERSION)
+    .bind(i32::try_from(buckets).expect("at most 65536"))
+    .execute(conn.get())
+    .await?;
+    conn.commit().await?;
+    Ok(LATEST_VERSION)
+}
+
+/// Version 1: the events table with its pending partial index, and the bucket table.
+///
+/// The partial index on `(bucket, id) WHERE dispatched_at IS NULL` holds only pending rows,
+/// so the claim costs the same with ten or ten million dispatched rows kept. The events
+/// table is vacuumed more eagerly than PostgreSQL's default (1 % dead rows instead of 20 %),
+/// since every row is updated once and deleted later.
+fn version_1(schema: &Schema, buckets: u32) -> String {
+    let events = schema.events_table();
+    let bucket_table = schema.buckets_table();
+    let pending = schema.index("events_pending");
+    format!(
+        "CREATE TABLE {events} (
+             id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+             event_id uuid NOT NULL,
+             bucket integer NOT NULL,
+             topic text NOT NULL,
+             key bytea NOT NULL,
+             payload bytea NOT NULL,
+             headers bytea NOT NULL,
+             seq bigint,
+             created_at timestamptz NOT NULL DEFAULT now(),
+             dispatched_at timestamptz
+         ) WITH (autovacuum_vacuum_scale_factor = 0.01, autovacuum_analyze_scale_factor = 0.02);
+         CREATE INDEX {pending} ON {events} (bucket, id) WHERE dispatched_at IS NULL;
+         CREATE TABLE {bucket_table} (bucket integer PRIMARY KEY);
+         INSERT INTO {bucket_table} (bucket) SELECT generate_series(0, {last});",
+        last = buckets - 1
+    )
+}
+
+/// The PostgreSQL outbox: [`enqueue`](Self::enqueue) in the caller's transaction, and the
+/// [`Store`] a [`Relay`](crate::Relay) claims from. Cheap to clone.
+///
+/// # Per-key order
+///
+/// Relays publish each key's events in outbox-id order, so ids must grow with commit order
+/// for each key. Two transactions writing the same key concurrently could otherwise commit
+/// in the opposite order of their ids; `enqueue` prevents that by taking a
+/// transaction-scoped advisory lock on the key (`pg_advisory_xact_lock`) before it inserts,
+/// so writers of one key queue up until the first commits. Writers of different keys never
+/// wait on each other. A transaction that enqueues several keys should enqueue them in one
+/// [`enqueue_batch`](Self::enqueue_batch) (which locks them in a fixed order) or in a fixed
+/// order of its own, or PostgreSQL may report a deadlock. Turn the lock off with
+/// [`with_key_lock(false)`](Self::with_key_lock) when the application already serialises
+/// writes per key (a `SELECT … FOR UPDATE` on the aggregate row, say).
+///
+/// # Examples
+///
+/// ```no_run
+/// use taskweave_outbox::{Event, PgStore, Schema};
+///
+/// # async fn demo(pool: sqlx::PgPool) -> Result<(), Box<dyn std::error::Error>> {
+/// taskweave_outbox::migrate(&pool, &Schema::default(), 64).await?;
+/// let outbox = PgStore::connect(pool.clone(), Schema::default()).await?;
+///
+/// let mut tx = pool.begin().await?;
+/// sqlx::query("INSERT INTO orders (id, total) VALUES ($1, $2)")
+///     .bind(42_i64)
+///     .bind(1999_i64)
+///     .execute(&mut *tx)
+///     .await?;
+/// outbox
+///     .enqueue(&mut tx, Event::new("order-events", "order-42", br#"{"total":1999}"#.to_vec()))
+///     .await?;
+/// outbox.commit(tx).await?; // commits, then wakes the relays of this process
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct PgStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    pool: PgPool,
+    schema: Schema,
+    buckets: u32,
+    limits: Limits,
+    key_lock: bool,
+    nudge: Nudge,
+    sql: Statements,
+}
+
+/// The statements, formatted once with the table names.
+struct Statements {
+    insert: Arc<str>,
+    claim_buckets: Arc<str>,
+    claim_events: Arc<str>,
+    mark: Arc<str>,
+    pending: Arc<str>,
+}
+
+/// Our statements are built only from validated identifiers ([`Schema`]) and integers.
+fn sql(statement: &Arc<str>) -> AssertSqlSafe<Arc<str>> {
+    AssertSqlSafe(Arc::clone(statement))
+}
+
+impl PgStore {
+    /// The outbox in `schema`, on `pool`; reads the bucket count that
+    /// [`migrate`] stored.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::NotMigrated`] when the tables are missing or older than this crate,
+    /// [`StoreError::NewerSchema`] when they are newer, or the database's error.
+    pub async fn connect(pool: PgPool, schema: Schema) -> Result<Self, StoreError> {
+        let meta = schema.meta_table();
+        let stored: Option<(i32, i32)> = match sqlx::query_as(AssertSqlSafe(format!(
+            "SELECT version, buckets FROM {meta}"
+        )))
+        .fetch_optional(&pool)
+        .await
+        {
+            Ok(stored) => stored,
+            // 42P01 undefined_table, 3F000 invalid_schema_name.
+            Err(sqlx::Error::Database(error))
+                if matches!(error.code().as_deref(), Some("42P01" | "3F000")) =>
+            {
+                return Err(StoreError::NotMigrated(format!(
+                    "{meta} does not exist: call taskweave_outbox::migrate first"
+                )));
+            }
+            Err(error) => return Err(error.into()),
+        };
+        let Some((version, buckets)) = stored else {
+            return Err(StoreError::NotMigrated(format!("{meta} is empty")));
+        };
+        if version > LATEST_VERSION {
+            return Err(StoreError::NewerSchema {
+                found: version,
+                known: LATEST_VERSION,
+            });
+        }
+        if version < LATEST_VERSION {
+            return Err(StoreError::NotMigrated(format!(
+                "version {version}, this crate needs {LATEST_VERSION}: call taskweave_outbox::migrate"
+            )));
+        }
+        let buckets = u32::try_from(buckets)
+            .map_err(|_| StoreError::Corrupt(format!("bucket count {buckets} in {meta}")))?;
+        let events = schema.events_table();
+        let bucket_table = schema.buckets_table();
+        let sql = Statements {
+            insert: format!(
+                "INSERT INTO {events} (event_id, bucket, topic, key, payload, headers, seq)
+                 SELECT e, b, t, k, p, h, s
+                 FROM unnest($1::uuid[], $2::int4[], $3::text[], $4::bytea[], $5::bytea[], $6::bytea[], $7::int8[])
+                      WITH ORDINALITY AS x(e, b, t, k, p, h, s, n)
+                 ORDER BY n"
+            )
+            .into(),
+            // The buckets whose oldest pending event is oldest, skipping those another
+            // batch holds. `first` reads one entry of the pending partial index per bucket.
+            claim_buckets: format!(
+                "SELECT b.bucket
+                 FROM {bucket_table} b
+                 CROSS JOIN LATERAL (
+                     SELECT o.id FROM {events} o
+                     WHERE o.bucket = b.bucket AND o.dispatched_at IS NULL
+                     ORDER BY o.id LIMIT 1
+                 ) first
+                 ORDER BY first.id
+                 LIMIT $1
+                 FOR UPDATE OF b SKIP LOCKED"
+            )
+            .into(),
+            // A separate statement from the bucket claim on purpose: under READ COMMITTED
+            // each statement takes a new snapshot, and this one is taken after the bucket
+            // locks are held, so it sees every commit of the batch that held a bucket
+            // before. In one statement the rows would be read with a snapshot older than
+            // the lock, and a bucket freed in between would be read as still pending
+            // (events published twice). The per-bucket LATERAL keeps the plan on the
+            // pending partial index (see the plan test); the flat `bucket = ANY(..) ORDER
+            // BY id LIMIT n` walks the primary key over every dispatched row.
+            claim_events: format!(
+                "SELECT r.id, r.event_id, r.bucket, r.topic, r.key, r.payload, r.headers, r.seq
+                 FROM unnest($1::int4[]) AS c(bucket)
+                 CROSS JOIN LATERAL (
+                     SELECT o.id, o.event_id, o.bucket, o.topic, o.key, o.payload, o.headers,
+                            coalesce(o.seq, o.id) AS seq
+                     FROM {events} o
+                     WHERE o.bucket = c.bucket AND o.dispatched_at IS NULL
+                     ORDER BY o.id LIMIT $2
+                 ) r
+                 ORDER BY r.id
+                 LIMIT $2"
+            )
+            .into(),
+            mark: format!(
+                "UPDATE {events} SET dispatched_at = now() WHERE id = ANY($1::int8[]) AND dispatched_at IS NULL"
+            )
+            .into(),
+            pending: format!("SELECT count(*) FROM {events} WHERE dispatched_at IS NULL").into(),
+        };
+        Ok(Self {
+            inner: Arc::new(Inner {
+                pool,
+                schema,
+                buckets,
+                limits: Limits::default(),
+                key_lock: true,
+                nudge: Nudge::new(),
+                sql,
+            }),
+        })
+    }
+
+    /// Sets the limits `enqueue` checks.
+    ///
+    /// # Panics
+    ///
+    /// Panics if the store has been cloned already (the settings are shared).
+    #[must_use]
+    pub fn with_limits(mut self, limits: Limits) -> Self {
+        self.settings().limits = limits;
+        self
+    }
+
+    /// Whether `enqueue` takes the per-key advisory lock (default `true`); see the type's
+    /// docs on per-key order before turning it off.
+    ///
+    /// # Panics
+    ///
+    /// Panics if the store has been cloned already (the settings are shared).
+    #[must_use]
+    pub fn with_key_lock(mut self, lock: bool) -> Self {
+        self.settings().key_lock = lock;
+        self
+    }
+
+    fn settings(&mut self) -> &mut Inner {
+        Arc::get_mut(&mut self.inner).expect("PgStore: change settings before cloning the store")
+    }
+
+    /// The pool.
+    #[must_use]
+    pub fn pool(&self) -> &PgPool {
+        &self.inner.pool
+    }
+
+    /// Where the tables are.
+    #[must_use]
+    pub fn schema(&self) -> &Schema {
+        &self.inner.schema
+    }
+
+    /// The bucket count stored by [`migrate`].
+    #[must_use]
+    pub fn buckets(&self) -> u32 {
+        self.inner.buckets
+    }
+
+    /// Writes `event` in the caller's transaction (or on a connection in autocommit, where
+    /// it commits at once). It becomes visible to relays when that transaction commits;
+    /// call [`commit`](Self::commit) (or [`notify_committed`](Self::notify_committed) after
+    /// your own commit) so the relays of this process wake at once.
+    ///
+    /// # Errors
+    ///
+    /// [`EnqueueError::Invalid`] before anything is sent when the event breaks a
+    /// [`Limits`] rule; [`EnqueueError::Store`] when the database refuses the write (the
+    /// transaction is then aborted: roll it back).
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future may leave the insert done or not; the transaction decides.
+    /// Roll it back unless the future completed.
+    pub async fn enqueue(
+        &self,
+        conn: &mut PgConnection,
+        event: Event,
+    ) -> Result<EventId, EnqueueError> {
+        let ids = self.enqueue_batch(conn, vec![event]).await?;
+        Ok(ids[0])
+    }
+
+    /// Writes `events` in the caller's transaction, in their order (ids grow in that
+    /// order), in two round trips however many there are. Either all are written or none
+    /// is.
+    ///
+    /// # Errors
+    ///
+    /// As [`enqueue`](Self::enqueue); an invalid event names its index, and nothing is sent.
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`enqueue`](Self::enqueue).
+    pub async fn enqueue_batch(
+        &self,
+        conn: &mut PgConnection,
+        events: Vec<Event>,
+    ) -> Result<Vec<EventId>, EnqueueError> {
+        for (index, event) in events.iter().enumerate() {
+            self.inner
+                .limits
+                .check(event)
+                .map_err(|reason| EnqueueError::Invalid { index, reason })?;
+        }
+        if events.is_empty() {
+            return Ok(Vec::new());
+        }
+        let table = self.inner.schema.events_table();
+        if self.inner.key_lock {
+            // Sorted and deduplicated, so two transactions lock shared keys in one order.
+            let mut locks: Vec<i64> = events.iter().map(|e| key_lock_id(&table, &e.key)).collect();
+            locks.sort_unstable();
+            locks.dedup();
+            sqlx::query("SELECT pg_advisory_xact_lock(l) FROM unnest($1::int8[]) AS l")
+                .bind(&locks)
+                .execute(&mut *conn)
+                .await
+                .map_err(StoreError::from)?;
+        }
+        let n = events.len();
+        let mut ids = Vec::with_capacity(n);
+        let mut event_ids = Vec::with_capacity(n);
+        let mut buckets = Vec::with_capacity(n);
+        let mut topics = Vec::with_capacity(n);
+        let mut keys = Vec::with_capacity(n);
+        let mut payloads = Vec::with_capacity(n);
+        let mut header_bytes = Vec::with_capacity(n);
+        let mut sequences = Vec::with_capacity(n);
+        for event in events {
+            let id = EventId::new();
+            ids.push(id);
+            event_ids.push(*id.as_uuid());
+            // Below the bucket count, which `connect` read from an `integer` column.
+            let bucket = i32::try_from(bucket_of(&event.key, self.inner.buckets))
+                .map_err(|_| StoreError::Corrupt(format!("bucket count {}", self.inner.buckets)))?;
+            buckets.push(bucket);
+            header_bytes.push(headers::encode(&event.headers));
+            topics.push(event.topic);
+            keys.push(event.key);
+            payloads.push(event.payload);
+            sequences.push(event.sequence);
+        }
+        sqlx::query(sql(&self.inner.sql.insert))
+            .bind(&event_ids)
+            .bind(&buckets)
+            .bind(&topics)
+            .bind(&keys)
+            .bind(&payloads)
+            .bind(&header_bytes)
+            .bind(&sequences)
+            .execute(&mut *conn)
+            .await
+            .map_err(StoreError::from)?;
+        Ok(ids)
+    }
+
+    /// Commits `tx` and then wakes the relays of this process.
+    ///
+    /// # Errors
+    ///
+    /// The commit's error; no relay is woken then.
+    ///
+    /// # Cancel safety
+    ///
+    /// Not cancel safe: a commit dropped halfway may or may not have committed.
+    pub async fn commit(&self, tx: sqlx::Transaction<'_, Postgres>) -> Result<(), sqlx::Error> {
+        tx.commit().await?;
+        self.inner.nudge.notify();
+        Ok(())
+    }
+
+    /// Wakes the relays of this process: call it after committing a transaction that
+    /// enqueued events, when you commit it yourself.
+    pub fn notify_committed(&self) {
+        self.inner.nudge.notify();
+    }
+
+    /// How many committed events are not yet dispatched (a count over the pending partial
+    /// index, cheap however many dispatched rows are kept).
+    ///
+    /// # Errors
+    ///
+    /// The database's error.
+    pub async fn pending(&self) -> Result<i64, StoreError> {
+        Ok(sqlx::query_scalar(sql(&self.inner.sql.pending))
+            .fetch_one(&self.inner.pool)
+            .await?)
+    }
+
+    /// The statement a relay uses to read a batch's events (for plan tests: `EXPLAIN` it
+    /// with an `int4[]` of buckets and a limit).
+    #[doc(hidden)]
+    #[must_use]
+    pub fn claim_events_sql(&self) -> &str {
+        &self.inner.sql.claim_events
+    }
+
+    /// The statement a relay uses to claim buckets (for plan tests: `EXPLAIN` it with a
+    /// bucket limit).
+    #[doc(hidden)]
+    #[must_use]
+    pub fn claim_buckets_sql(&self) -> &str {
+        &self.inner.sql.claim_buckets
+    }
+}
+
+impl fmt::Debug for PgStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PgStore")
+            .field("schema", &self.inner.schema)
+            .field("buckets", &self.inner.buckets)
+            .field("key_lock", &self.inner.key_lock)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Store for PgStore {
+    type Batch = PgBatch;
+
+    async fn claim(&self, limits: ClaimLimits) -> Result<PgBatch, StoreError> {
+        let mut conn = Guarded::new(self.inner.pool.acquire().await?);
+        // The session backstops: a relay stuck with its transaction open (a hung process)
+        // is cut off by the server instead of holding its buckets and the xmin horizon.
+        let hold_ms = limits
+            .hold_at_most
+            .as_millis()
+            .clamp(1_000, u128::from(u32::MAX / 2));
+        sqlx::raw_sql(AssertSqlSafe(format!(
+            "BEGIN; SET LOCAL idle_in_transaction_session_timeout = {idle}; SET LOCAL statement_timeout = {hold_ms}",
+            idle = hold_ms * 2
+        )))
+        .execute(conn.open())
+        .await?;
+        let buckets: Vec<i32> = sqlx::query_scalar(sql(&self.inner.sql.claim_buckets))
+            .bind(i64::from(limits.buckets))
+            .fetch_all(conn.get())
+            .await?;
+        if buckets.is_empty() {
+            conn.rollback().await?;
+            return Ok(PgBatch {
+                conn,
+                store: Arc::clone(&self.inner),
+                records: Vec::new(),
+            });
+        }
+        let rows: Vec<PgRow> = sqlx::query(sql(&self.inner.sql.claim_events))
+            .bind(&buckets)
+            .bind(i64::from(limits.events))
+            .fetch_all(conn.get())
+            .await?;
+        let records = rows.iter().map(record_of).collect::<Result<Vec<_>, _>>()?;
+        Ok(PgBatch {
+            conn,
+            store: Arc::clone(&self.inner),
+            records,
+        })
+    }
+
+    fn nudge(&self) -> &Nudge {
+        &self.inner.nudge
+    }
+}
+
+fn record_of(row: &PgRow) -> Result<OutboxRecord, StoreError> {
+    let bucket: i32 = row.try_get("bucket")?;
+    let header_bytes: Vec<u8> = row.try_get("headers")?;
+    let event_id: Uuid = row.try_get("event_id")?;
+    Ok(OutboxRecord {
+        id: row.try_get("id")?,
+        event_id: EventId::from_uuid(event_id),
+        bucket: u32::try_from(bucket)
+            .map_err(|_| StoreError::Corrupt(format!("bucket {bucket}")))?,
+        topic: row.try_get("topic")?,
+        key: row.try_get("key")?,
+        payload: row.try_get("payload")?,
+        headers: headers::decode(&header_bytes)?,
+        sequence: row.try_get("seq")?,
+    })
+}
+
+/// A batch claimed from a [`PgStore`]: an open transaction holding its buckets' row locks.
+/// Dropping it without [`commit`](Batch::commit) closes the connection, so the server
+/// rolls the transaction back and frees the buckets, exactly as if the relay had crashed.
+pub struct PgBatch {
+    conn: Guarded,
+    store: Arc<Inner>,
+    records: Vec<OutboxRecord>,
+}
+
+impl Batch for PgBatch {
+    fn records(&self) -> &[OutboxRecord] {
+        &self.records
+    }
+
+    async fn commit(mut self, dispatched: Vec<i64>) -> Result<(), StoreError> {
+        if !self.conn.in_transaction() {
+            return Ok(());
+        }
+        if dispatched.is_empty() {
+            self.conn.rollback().await?;
+            return Ok(());
+        }
+        sqlx::query(sql(&self.store.sql.mark))
+            .bind(&dispatched)
+            .execute(self.conn.get())
+            .await?;
+        self.conn.commit().await?;
+        Ok(())
+    }
+}
+
+impl fmt::Debug for PgBatch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PgBatch")
+            .field("records", &self.records.len())
+            .field("open", &self.conn.in_transaction())
+            .finish()
+    }
+}
+
+/// A pooled connection that never goes back to the pool inside a transaction.
+///
+/// sqlx 0.8 and 0.9.0 return a connection to the pool still inside a transaction when a
+/// `begin` future is dropped halfway (sqlx issue 4393), and the next borrower's queries then
+/// fail. We issue `BEGIN`/`COMMIT` ourselves and, if this guard is dropped while a
+/// transaction may be open (a cancelled or aborted future, an error mid-way), detach the
+/// connection from the pool and drop it: the socket closes and the server rolls back. This
+/// relies only on documented behaviour: `PoolConnection::detach`, and PostgreSQL aborting
+/// the transaction of a session that disconnects.
+struct Guarded {
+    conn: Option<PoolConnection<Postgres>>,
+    in_transaction: bool,
+}
+
+impl Guarded {
+    fn new(conn: PoolConnection<Postgres>) -> Self {
+        Self {
+            conn: Some(conn),
+            in_transaction: false,
+        }
+    }
+
+    /// The connection, marked as possibly inside a transaction from now on (call it for the
+    /// statement that opens one).
+    fn open(&mut self) -> &mut PgConnection {
+        self.in_transaction = true;
+        self.get()
+    }
+
+    fn get(&mut self) -> &mut PgConnection {
+        self.conn
+            .as_mut()
+            .expect("the connection is held until the guard drops")
+    }
+
+    fn in_transaction(&self) -> bool {
+        self.in_transaction
+    }
+
+    async fn commit(&mut self) -> Result<(), sqlx::Error> {
+        sqlx::raw_sql("COMMIT").execute(self.get()).await?;
+        self.in_transaction = false;
+        Ok(())
+    }
+
+    async fn rollback(&mut self) -> Result<(), sqlx::Error> {
+        sqlx::raw_sql("ROLLBACK").execute(self.get()).await?;
+        self.in_transaction = false;
+        Ok(())
+    }
+}
+
+impl Drop for Guarded {
+    fn drop(&mut self) {
+        if self.in_transaction
+            && let Some(conn) = self.conn.take()
+        {
+            drop(conn.detach());
+        }
+    }
+}

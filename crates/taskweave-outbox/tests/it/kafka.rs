@@ -1,0 +1,177 @@
+//! End to end: PostgreSQL through the relay to a real Kafka-protocol broker (tansu), and
+//! broker failures injected with rdkafka's mock cluster.
+
+use std::collections::{HashMap, HashSet};
+use std::time::Duration;
+
+use rdkafka::mocking::MockCluster;
+use taskweave_outbox::{Event, KafkaPublisher, Relay, StopReason};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::support::{self, commit_each, create_topic, fresh_store, kafka_brokers, read_topic};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_event_reaches_the_broker_once_with_its_headers_in_key_order() {
+    let store = fresh_store(64, 6).await;
+    let topic = create_topic(3).await;
+    let mut committed = Vec::new();
+    let mut events = Vec::new();
+    for i in 0..300 {
+        let key = format!("order-{}", i % 30);
+        let payload = format!("{i}");
+        committed.push((key.clone().into_bytes(), payload.clone().into_bytes()));
+        events.push(
+            Event::new(&topic, key, payload.into_bytes()).with_header("content-type", "text/plain"),
+        );
+    }
+    // Batches of transactions, as writers would.
+    for chunk in events.chunks(10) {
+        let mut tx = store.pool().begin().await.unwrap();
+        store.enqueue_batch(&mut tx, chunk.to_vec()).await.unwrap();
+        store.commit(tx).await.unwrap();
+    }
+    let publisher = KafkaPublisher::new(&kafka_brokers()).expect("producer");
+    let report = Relay::new(store.clone(), publisher)
+        .with_batch_size(100)
+        .drain(
+            CancellationToken::new(),
+            Instant::now() + Duration::from_secs(120),
+        )
+        .await;
+    assert_eq!(report.stopped, StopReason::Drained, "{report}");
+    assert_eq!(report.dispatched, 300, "{report}");
+    assert_eq!(store.pending().await.unwrap(), 0);
+
+    let consumed =
+        tokio::task::spawn_blocking(move || read_topic(&topic, 3, 300, Duration::from_secs(20)))
+            .await
+            .unwrap();
+    assert_eq!(consumed.len(), 300);
+    let delivered: Vec<(Vec<u8>, Vec<u8>)> = consumed
+        .iter()
+        .map(|c| (c.key.clone(), c.payload.clone()))
+        .collect();
+    // Per key, partition order is delivery order: a key lives on one partition.
+    assert_eq!(support::assert_per_key_order(&committed, &delivered), 0);
+    let mut partition_of: HashMap<&[u8], i32> = HashMap::new();
+    for c in &consumed {
+        assert_eq!(
+            *partition_of.entry(&c.key).or_insert(c.partition),
+            c.partition,
+            "a key on two partitions"
+        );
+        assert_eq!(
+            c.headers.last().unwrap(),
+            &("content-type".to_owned(), b"text/plain".to_vec())
+        );
+    }
+    let ids: HashSet<&str> = consumed.iter().map(|c| c.event_id.as_str()).collect();
+    assert_eq!(ids.len(), 300, "event ids are unique");
+    for key in partition_of.keys() {
+        let seqs: Vec<i64> = consumed
+            .iter()
+            .filter(|c| c.key == *key)
+            .map(|c| c.sequence)
+            .collect();
+        assert!(
+            seqs.windows(2).all(|w| w[0] < w[1]),
+            "sequences grow per key: {seqs:?}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broker_down_longer_than_the_budget_rolls_back_and_the_relay_keeps_going() {
+    let cluster = MockCluster::new(1).expect("mock cluster");
+    cluster.create_topic("orders", 3, 1).expect("topic");
+    let mut config = KafkaPublisher::config(&cluster.bootstrap_servers());
+    config.set("message.timeout.ms", "400");
+    let publisher = KafkaPublisher::from_config(&config).expect("producer");
+    let store = fresh_store(16, 6).await;
+    cluster.broker_down(1).expect("broker down");
+    let events: Vec<Event> = (0..10)
+        .map(|i| Event::new("orders", format!("k{i}"), b"x".to_vec()))
+        .collect();
+    commit_each(&store, events).await;
+
+    let token = CancellationToken::new();
+    let relay = Relay::new(store.clone(), publisher)
+        .with_batch_budget(Duration::from_secs(1))
+        .with_poll_interval(Duration::from_millis(100));
+    let metrics = relay.metrics();
+    let running = tokio::spawn(relay.run(token.clone()));
+    let start = std::time::Instant::now();
+    while metrics.snapshot().retriable_failures < 20 {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "{:?}",
+            metrics.snapshot()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        store.pending().await.unwrap(),
+        10,
+        "nothing marked while the broker is down"
+    );
+    assert!(!running.is_finished(), "the relay keeps running");
+    assert_eq!(metrics.snapshot().dispatched, 0);
+
+    cluster.broker_up(1).expect("broker up");
+    while store.pending().await.unwrap() > 0 {
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "never delivered after the broker came back"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    token.cancel();
+    let report = running.await.unwrap();
+    assert!(report.failed >= 20 && report.dispatched == 10, "{report}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_the_broker_refuses_is_permanent_and_holds_only_its_key() {
+    let cluster = MockCluster::new(1).expect("mock cluster");
+    cluster.create_topic("orders", 1, 1).expect("topic");
+    let mut config = KafkaPublisher::config(&cluster.bootstrap_servers());
+    config.set("message.max.bytes", "2000");
+    let publisher = KafkaPublisher::from_config(&config).expect("producer");
+    let store = fresh_store(1, 6).await;
+    commit_each(
+        &store,
+        vec![
+            Event::new("orders", "big", vec![0; 5000]),
+            Event::new("orders", "big", b"after".to_vec()),
+            Event::new("orders", "small", b"fine".to_vec()),
+        ],
+    )
+    .await;
+    let token = CancellationToken::new();
+    let relay = Relay::new(store.clone(), publisher).with_poll_interval(Duration::from_millis(50));
+    let metrics = relay.metrics();
+    let running = tokio::spawn(relay.run(token.clone()));
+    let start = std::time::Instant::now();
+    while metrics.snapshot().dispatched < 1 || metrics.snapshot().permanent_failures < 2 {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "{:?}",
+            metrics.snapshot()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    token.cancel();
+    let report = running.await.unwrap();
+    let m = metrics.snapshot();
+    assert!(
+        m.held_back >= 2,
+        "the key's later event waits every time: {m:?}"
+    );
+    assert_eq!(m.retriable_failures, 0, "{m:?}");
+    assert_eq!(
+        report.dispatched, 1,
+        "only the other key went out: {report}"
+    );
+    assert_eq!(store.pending().await.unwrap(), 2);
+}

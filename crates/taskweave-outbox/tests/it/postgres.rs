@@ -1,0 +1,332 @@
+//! The PostgreSQL store's own behaviour: migration, enqueue in the caller's transaction,
+//! bad input, the claim's plan, per-key commit order, and connections never returned to the
+//! pool inside a transaction.
+
+use std::time::Duration;
+
+use sqlx::{AssertSqlSafe, Row};
+use taskweave_outbox::{
+    Batch, ClaimLimits, EnqueueError, Event, InvalidEvent, Limits, PgStore, Schema, Store,
+    StoreError, migrate,
+};
+
+use crate::support::{fresh_store, pool, pool_named, unique_name};
+
+fn limits() -> ClaimLimits {
+    ClaimLimits {
+        buckets: 64,
+        events: 1000,
+        hold_at_most: Duration::from_secs(10),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrate_is_idempotent_concurrent_safe_and_checks_the_bucket_count() {
+    let pool = pool(8).await;
+    let schema = Schema::new(&unique_name("m")).with_table_prefix("app_outbox_");
+    let runs = (0..4).map(|_| {
+        let pool = pool.clone();
+        let schema = schema.clone();
+        tokio::spawn(async move { migrate(&pool, &schema, 32).await })
+    });
+    for run in runs {
+        assert_eq!(run.await.unwrap().expect("migrate"), 1);
+    }
+    assert_eq!(migrate(&pool, &schema, 32).await.expect("again"), 1);
+    match migrate(&pool, &schema, 64).await {
+        Err(StoreError::BucketCountMismatch {
+            stored: 32,
+            requested: 64,
+        }) => {}
+        other => panic!("expected a bucket-count mismatch, got {other:?}"),
+    }
+    let store = PgStore::connect(pool.clone(), schema.clone())
+        .await
+        .expect("connect");
+    assert_eq!(store.buckets(), 32);
+    let buckets: i64 = sqlx::query_scalar(AssertSqlSafe(format!(
+        "SELECT count(*) FROM {}",
+        schema.buckets_table()
+    )))
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(buckets, 32);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connecting_before_migrating_names_the_fix() {
+    let pool = pool(2).await;
+    match PgStore::connect(pool, Schema::new(&unique_name("none"))).await {
+        Err(error @ StoreError::NotMigrated(_)) => {
+            assert!(error.to_string().contains("migrate"), "{error}")
+        }
+        other => panic!("expected NotMigrated, got {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_is_refused_before_anything_is_written() {
+    let store = fresh_store(8, 4).await.with_limits(Limits {
+        max_payload_bytes: 100,
+        max_key_bytes: 8,
+        max_headers: 4,
+    });
+    let mut tx = store.pool().begin().await.unwrap();
+    let cases = [
+        (Event::new("", "k", b"x".to_vec()), InvalidEvent::EmptyTopic),
+        (
+            Event::new("t", "k", vec![0; 101]),
+            InvalidEvent::PayloadTooLarge {
+                len: 101,
+                limit: 100,
+            },
+        ),
+        (
+            Event::new("t", "123456789", b"x".to_vec()),
+            InvalidEvent::KeyTooLong { len: 9, limit: 8 },
+        ),
+    ];
+    for (event, expected) in cases {
+        match store.enqueue(&mut tx, event).await {
+            Err(EnqueueError::Invalid { reason, .. }) => assert_eq!(reason, expected),
+            other => panic!("expected {expected:?}, got {other:?}"),
+        }
+    }
+    // A batch names the refused event and writes none of them.
+    let batch = vec![
+        Event::new("t", "k", b"ok".to_vec()),
+        Event::new("t", "k", vec![0; 101]),
+    ];
+    match store.enqueue_batch(&mut tx, batch).await {
+        Err(EnqueueError::Invalid { index: 1, .. }) => {}
+        other => panic!("expected event 1 refused, got {other:?}"),
+    }
+    // Nothing reached the server, so the transaction is still usable.
+    store.commit(tx).await.expect("commit");
+    assert_eq!(store.pending().await.unwrap(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_event_commits_and_rolls_back_with_the_business_data() {
+    let store = fresh_store(8, 4).await;
+    let orders = format!("\"{}\".orders", store.schema().schema());
+    sqlx::query(AssertSqlSafe(format!(
+        "CREATE TABLE {orders} (id bigint PRIMARY KEY)"
+    )))
+    .execute(store.pool())
+    .await
+    .unwrap();
+    for (id, commit) in [(1_i64, false), (2, true)] {
+        let mut tx = store.pool().begin().await.unwrap();
+        sqlx::query(AssertSqlSafe(format!(
+            "INSERT INTO {orders} (id) VALUES ($1)"
+        )))
+        .bind(id)
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+        store
+            .enqueue(
+                &mut tx,
+                Event::new("order-events", format!("order-{id}"), b"created".to_vec()),
+            )
+            .await
+            .unwrap();
+        if commit {
+            store.commit(tx).await.unwrap();
+        } else {
+            tx.rollback().await.unwrap();
+        }
+    }
+    let order_ids: Vec<i64> = sqlx::query_scalar(AssertSqlSafe(format!("SELECT id FROM {orders}")))
+        .fetch_all(store.pool())
+        .await
+        .unwrap();
+    assert_eq!(order_ids, [2]);
+    let batch = store.claim(limits()).await.unwrap();
+    let keys: Vec<&[u8]> = batch.records().iter().map(|r| r.key.as_slice()).collect();
+    assert_eq!(keys, [b"order-2".as_slice()]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_claim_reads_the_pending_partial_index_with_many_dispatched_rows() {
+    let store = fresh_store(64, 4).await;
+    let events = store.schema().events_table();
+    // 100,000 dispatched rows and 200 pending ones, written directly.
+    sqlx::query(AssertSqlSafe(format!(
+        "INSERT INTO {events} (event_id, bucket, topic, key, payload, headers, dispatched_at)
+         SELECT gen_random_uuid(), g % 64, 't', convert_to('k' || g % 500, 'UTF8'), '\\x00', '\\x00000000',
+                CASE WHEN g <= 100000 THEN now() END
+         FROM generate_series(1, 100200) g"
+    )))
+    .execute(store.pool())
+    .await
+    .unwrap();
+    sqlx::query(AssertSqlSafe(format!("ANALYZE {events}")))
+        .execute(store.pool())
+        .await
+        .unwrap();
+    let plan: Vec<String> = sqlx::query(AssertSqlSafe(format!(
+        "EXPLAIN {}",
+        store.claim_events_sql()
+    )))
+    .bind(vec![1_i32, 2, 3, 4])
+    .bind(500_i64)
+    .fetch_all(store.pool())
+    .await
+    .unwrap()
+    .iter()
+    .map(|row| row.get::<String, _>(0))
+    .collect();
+    let plan = plan.join("\n");
+    let index = format!("{}events_pending", "outbox_");
+    assert!(
+        plan.contains(&index),
+        "the claim must read {index}:\n{plan}"
+    );
+    assert!(
+        !plan.contains("Seq Scan") && !plan.contains("events_pkey"),
+        "no scan over dispatched rows:\n{plan}"
+    );
+    let plan: Vec<String> = sqlx::query(AssertSqlSafe(format!(
+        "EXPLAIN {}",
+        store.claim_buckets_sql()
+    )))
+    .bind(16_i64)
+    .fetch_all(store.pool())
+    .await
+    .unwrap()
+    .iter()
+    .map(|row| row.get::<String, _>(0))
+    .collect();
+    let plan = plan.join("\n");
+    assert!(
+        plan.contains(&index) && !plan.contains("Seq Scan on outbox_events"),
+        "{plan}"
+    );
+    // And the claim itself returns the 200 pending rows' first batch.
+    let batch = store
+        .claim(ClaimLimits {
+            buckets: 64,
+            events: 500,
+            hold_at_most: Duration::from_secs(10),
+        })
+        .await
+        .unwrap();
+    assert_eq!(batch.records().len(), 200);
+    assert!(batch.records().iter().all(|r| r.id > 100_000));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writers_of_one_key_commit_in_id_order_and_other_keys_never_wait() {
+    let store = fresh_store(8, 6).await;
+    let mut first = store.pool().begin().await.unwrap();
+    store
+        .enqueue(&mut first, Event::new("t", "hot", b"first".to_vec()))
+        .await
+        .unwrap();
+    // Another key goes through while `first` is open.
+    let mut other = store.pool().begin().await.unwrap();
+    store
+        .enqueue(&mut other, Event::new("t", "cold", b"other".to_vec()))
+        .await
+        .unwrap();
+    store.commit(other).await.unwrap();
+    // A second writer of the same key waits for `first` to commit.
+    let second = {
+        let store = store.clone();
+        tokio::spawn(async move {
+            let mut tx = store.pool().begin().await.unwrap();
+            store
+                .enqueue(&mut tx, Event::new("t", "hot", b"second".to_vec()))
+                .await
+                .unwrap();
+            store.commit(tx).await.unwrap();
+        })
+    };
+    let start = std::time::Instant::now();
+    loop {
+        let waiting: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND wait_event = 'advisory'",
+        )
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+        if waiting == 1 {
+            break;
+        }
+        assert!(
+            !second.is_finished(),
+            "the second writer did not wait for the first"
+        );
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "the second writer never blocked"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    store.commit(first).await.unwrap();
+    second.await.unwrap();
+    let batch = store.claim(limits()).await.unwrap();
+    let hot: Vec<&[u8]> = batch
+        .records()
+        .iter()
+        .filter(|r| r.key == b"hot")
+        .map(|r| r.payload.as_slice())
+        .collect();
+    assert_eq!(
+        hot,
+        [b"first".as_slice(), b"second"],
+        "id order is commit order for the key"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_dropped_halfway_never_returns_its_connection_inside_a_transaction() {
+    // One connection in the pool: if a dropped batch gave it back inside its transaction,
+    // every later query would fail (sqlx issue 4393) or block on the held buckets.
+    let name = unique_name("drop");
+    let pool = pool_named(1, &name).await;
+    let observer = crate::support::pool(1).await;
+    let schema = Schema::new(&name);
+    migrate(&pool, &schema, 4).await.unwrap();
+    let store = PgStore::connect(pool.clone(), schema).await.unwrap();
+    let mut tx = pool.begin().await.unwrap();
+    store
+        .enqueue(&mut tx, Event::new("t", "k", b"x".to_vec()))
+        .await
+        .unwrap();
+    store.commit(tx).await.unwrap();
+    for _ in 0..5 {
+        let batch = store.claim(limits()).await.unwrap();
+        assert_eq!(batch.records().len(), 1);
+        drop(batch);
+    }
+    // A claim future dropped at its first await point, too.
+    for _ in 0..5 {
+        let claim = store.claim(limits());
+        let _ = tokio::time::timeout(Duration::from_micros(1), claim).await;
+    }
+    // No session of this pool sits inside a transaction (the pool's one connection among them).
+    let in_transaction: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 AND state LIKE 'idle in transaction%'",
+    )
+    .bind(&name)
+    .fetch_one(&observer)
+    .await
+    .unwrap();
+    assert_eq!(
+        in_transaction, 0,
+        "a pooled connection was left inside a transaction"
+    );
+    let batch = store.claim(limits()).await.unwrap();
+    assert_eq!(
+        batch.records().len(),
+        1,
+        "the event is still pending and claimable"
+    );
+    let id = batch.records()[0].id;
+    batch.commit(vec![id]).await.unwrap();
+    assert_eq!(store.pending().await.unwrap(), 0);
+}

@@ -1,0 +1,488 @@
+//! One suite of store and relay behaviour, run against both stores: the PostgreSQL store
+//! (the product) and the in-memory one, so the in-memory store cannot drift from it.
+
+use std::collections::HashSet;
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use futures::FutureExt;
+use taskweave_outbox::hooks::Point;
+use taskweave_outbox::{
+    Batch, ClaimLimits, Event, MemoryPublisher, MemoryStore, PgStore, PublishError, Relay,
+    StopReason, Store,
+};
+use tokio::sync::oneshot;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::support;
+
+/// How a suite case writes to and inspects a store.
+pub(crate) trait Harness: Send + Sync + 'static {
+    type S: Store + Clone;
+    fn store(&self) -> Self::S;
+    /// Enqueues `events` in one transaction and commits it.
+    fn commit(&self, events: Vec<Event>) -> impl Future<Output = ()> + Send;
+    /// Enqueues `events` in one transaction and rolls it back.
+    fn rollback(&self, events: Vec<Event>) -> impl Future<Output = ()> + Send;
+    /// Committed events not yet dispatched.
+    fn pending(&self) -> impl Future<Output = usize> + Send;
+}
+
+pub(crate) struct Memory(pub(crate) MemoryStore);
+
+impl Harness for Memory {
+    type S = MemoryStore;
+    fn store(&self) -> MemoryStore {
+        self.0.clone()
+    }
+    async fn commit(&self, events: Vec<Event>) {
+        let mut tx = self.0.begin();
+        for event in events {
+            tx.enqueue(event).expect("enqueue");
+        }
+        tx.commit();
+    }
+    async fn rollback(&self, events: Vec<Event>) {
+        let mut tx = self.0.begin();
+        for event in events {
+            tx.enqueue(event).expect("enqueue");
+        }
+        drop(tx);
+    }
+    async fn pending(&self) -> usize {
+        self.0.pending()
+    }
+}
+
+pub(crate) struct Postgres(pub(crate) PgStore);
+
+impl Harness for Postgres {
+    type S = PgStore;
+    fn store(&self) -> PgStore {
+        self.0.clone()
+    }
+    async fn commit(&self, events: Vec<Event>) {
+        let mut tx = self.0.pool().begin().await.expect("begin");
+        self.0
+            .enqueue_batch(&mut tx, events)
+            .await
+            .expect("enqueue");
+        self.0.commit(tx).await.expect("commit");
+    }
+    async fn rollback(&self, events: Vec<Event>) {
+        let mut tx = self.0.pool().begin().await.expect("begin");
+        self.0
+            .enqueue_batch(&mut tx, events)
+            .await
+            .expect("enqueue");
+        tx.rollback().await.expect("rollback");
+    }
+    async fn pending(&self) -> usize {
+        usize::try_from(self.0.pending().await.expect("pending")).expect("a count")
+    }
+}
+
+fn event(key: &str, payload: &str) -> Event {
+    Event::new("orders", key, payload.as_bytes().to_vec())
+}
+
+fn limits(buckets: u32, events: u32) -> ClaimLimits {
+    ClaimLimits {
+        buckets,
+        events,
+        hold_at_most: Duration::from_secs(10),
+    }
+}
+
+/// (key, payload) pairs of what a publisher published.
+fn delivered(publisher: &MemoryPublisher) -> Vec<(Vec<u8>, Vec<u8>)> {
+    publisher
+        .published()
+        .into_iter()
+        .map(|p| (p.key, p.payload))
+        .collect()
+}
+
+fn pairs(events: &[Event]) -> Vec<(Vec<u8>, Vec<u8>)> {
+    events
+        .iter()
+        .map(|e| (e.key().to_vec(), e.payload().to_vec()))
+        .collect()
+}
+
+/// Waits (polling, bounded) until `done` holds.
+async fn eventually(what: &str, mut done: impl AsyncFnMut() -> bool) {
+    let start = std::time::Instant::now();
+    loop {
+        if done().await {
+            return;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+async fn drain<H: Harness>(h: &H, publisher: &MemoryPublisher) {
+    let report = Relay::new(h.store(), publisher.clone())
+        .drain(
+            CancellationToken::new(),
+            Instant::now() + Duration::from_secs(3600),
+        )
+        .await;
+    assert_eq!(report.stopped, StopReason::Drained, "{report}");
+}
+
+pub(crate) async fn only_committed_events_are_claimed_in_id_order<H: Harness>(h: H) {
+    h.commit(vec![event("a", "a1"), event("b", "b1"), event("a", "a2")])
+        .await;
+    h.rollback(vec![event("c", "never")]).await;
+    assert_eq!(h.pending().await, 3);
+    let batch = h.store().claim(limits(64, 100)).await.expect("claim");
+    let records = batch.records();
+    let payloads: Vec<&[u8]> = records.iter().map(|r| r.payload.as_slice()).collect();
+    assert_eq!(payloads, [b"a1".as_slice(), b"b1", b"a2"]);
+    assert!(records.windows(2).all(|w| w[0].id < w[1].id));
+    assert!(
+        records.iter().all(|r| r.sequence == r.id),
+        "without a caller's sequence it is the id"
+    );
+    let ids = records.iter().map(|r| r.id).collect();
+    batch.commit(ids).await.expect("commit");
+    assert_eq!(h.pending().await, 0);
+    let batch = h.store().claim(limits(64, 100)).await.expect("claim");
+    assert!(batch.records().is_empty());
+}
+
+pub(crate) async fn open_batches_claim_disjoint_buckets<H: Harness>(h: H) {
+    let events: Vec<Event> = (0..40).map(|i| event(&format!("key-{i}"), "x")).collect();
+    h.commit(events).await;
+    let store = h.store();
+    let first = store.claim(limits(3, 1000)).await.expect("claim");
+    let second = store.claim(limits(1000, 1000)).await.expect("claim");
+    let buckets = |batch: &<H::S as Store>::Batch| -> HashSet<u32> {
+        batch.records().iter().map(|r| r.bucket).collect()
+    };
+    let (a, b) = (buckets(&first), buckets(&second));
+    assert_eq!(a.len(), 3);
+    assert!(a.is_disjoint(&b), "{a:?} and {b:?} overlap");
+    assert_eq!(first.records().len() + second.records().len(), 40);
+    // A third claim finds nothing free; dropping the first (a crash) frees its buckets.
+    let third = store.claim(limits(1000, 1000)).await.expect("claim");
+    assert!(third.records().is_empty());
+    third.commit(Vec::new()).await.expect("commit");
+    let first_ids: Vec<i64> = first.records().iter().map(|r| r.id).collect();
+    drop(first);
+    let again = eventually_claim(&store, &a).await;
+    assert_eq!(
+        again.records().iter().map(|r| r.id).collect::<Vec<_>>(),
+        first_ids
+    );
+    drop(second);
+    assert_eq!(h.pending().await, 40, "nothing was marked");
+}
+
+/// Claims until the claim holds `buckets` (a dropped PostgreSQL batch frees its locks when
+/// the server has seen the connection close, which takes a moment).
+async fn eventually_claim<S: Store>(store: &S, buckets: &HashSet<u32>) -> S::Batch {
+    let start = std::time::Instant::now();
+    loop {
+        let batch = store.claim(limits(1000, 1000)).await.expect("claim");
+        let got: HashSet<u32> = batch.records().iter().map(|r| r.bucket).collect();
+        if &got == buckets {
+            return batch;
+        }
+        drop(batch);
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "buckets {buckets:?} never freed"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+pub(crate) async fn a_batch_reads_a_prefix_of_each_key<H: Harness>(h: H) {
+    let events: Vec<Event> = (0..10).map(|i| event("k", &format!("{i}"))).collect();
+    h.commit(events).await;
+    let store = h.store();
+    let batch = store.claim(limits(64, 3)).await.expect("claim");
+    let got: Vec<&[u8]> = batch
+        .records()
+        .iter()
+        .map(|r| r.payload.as_slice())
+        .collect();
+    assert_eq!(got, [b"0".as_slice(), b"1", b"2"]);
+    let ids = batch.records().iter().take(2).map(|r| r.id).collect();
+    batch.commit(ids).await.expect("commit");
+    let batch = store.claim(limits(64, 3)).await.expect("claim");
+    let got: Vec<&[u8]> = batch
+        .records()
+        .iter()
+        .map(|r| r.payload.as_slice())
+        .collect();
+    assert_eq!(got, [b"2".as_slice(), b"3", b"4"]);
+}
+
+pub(crate) async fn relay_publishes_each_event_once_in_key_order<H: Harness>(h: H) {
+    let events: Vec<Event> = (0..60)
+        .map(|i| {
+            Event::new(
+                "orders",
+                format!("key-{}", i % 7),
+                format!("{i}").into_bytes(),
+            )
+            .with_header("content-type", "text/plain")
+        })
+        .collect();
+    h.commit(events.clone()).await;
+    let publisher = MemoryPublisher::new();
+    drain(&h, &publisher).await;
+    let published = publisher.published();
+    assert_eq!(
+        support::assert_per_key_order(&pairs(&events), &delivered(&publisher)),
+        0
+    );
+    let ids: HashSet<_> = published.iter().map(|p| p.event_id).collect();
+    assert_eq!(ids.len(), 60, "every event id is unique");
+    for p in &published {
+        let names: Vec<&str> = p.headers.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(names, ["event_id", "event_seq", "content-type"]);
+        assert_eq!(p.headers[0].1, p.event_id.to_string().into_bytes());
+        assert_eq!(p.headers[1].1, p.sequence.to_string().into_bytes());
+    }
+    // Sequences grow per key.
+    for key in 0..7 {
+        let key = format!("key-{key}").into_bytes();
+        let seqs: Vec<i64> = published
+            .iter()
+            .filter(|p| p.key == key)
+            .map(|p| p.sequence)
+            .collect();
+        assert!(seqs.windows(2).all(|w| w[0] < w[1]), "{seqs:?}");
+    }
+    assert_eq!(h.pending().await, 0);
+}
+
+pub(crate) async fn a_callers_sequence_is_sent<H: Harness>(h: H) {
+    h.commit(vec![
+        event("k", "v7").with_sequence(7),
+        event("k", "v8").with_sequence(8),
+    ])
+    .await;
+    let publisher = MemoryPublisher::new();
+    drain(&h, &publisher).await;
+    let seqs: Vec<i64> = publisher.published().iter().map(|p| p.sequence).collect();
+    assert_eq!(seqs, [7, 8]);
+}
+
+pub(crate) async fn a_failing_key_waits_alone_while_the_others_flow<H: Harness>(h: H) {
+    // One bucket: every key shares it, so only per-key blocking lets the others through.
+    let mut events = Vec::new();
+    for round in 0..3 {
+        for key in 0..10 {
+            events.push(event(&format!("key-{key}"), &format!("{key}-{round}")));
+        }
+    }
+    h.commit(events.clone()).await;
+    let publisher = MemoryPublisher::new();
+    publisher.fail_when(|record| {
+        (record.key == b"key-3").then(|| PublishError::retriable("broker unavailable"))
+    });
+    let token = CancellationToken::new();
+    let relay =
+        Relay::new(h.store(), publisher.clone()).with_poll_interval(Duration::from_millis(20));
+    let metrics = relay.metrics();
+    let running = tokio::spawn(relay.run(token.clone()));
+    eventually("the other keys", async || h.pending().await == 3).await;
+    assert!(publisher.published().iter().all(|p| p.key != b"key-3"));
+    let m = metrics.snapshot();
+    assert!(m.retriable_failures >= 1 && m.held_back >= 2, "{m:?}");
+    // The broker heals: the held key follows, in order.
+    publisher.heal();
+    eventually("the held key", async || h.pending().await == 0).await;
+    token.cancel();
+    running.await.expect("relay");
+    assert_eq!(
+        support::assert_per_key_order(&pairs(&events), &delivered(&publisher)),
+        0
+    );
+}
+
+pub(crate) async fn four_relays_share_the_work_and_keep_key_order<H: Harness>(
+    h: H,
+    events: usize,
+    keys: usize,
+) {
+    let mut all = Vec::with_capacity(events);
+    for i in 0..events {
+        all.push(event(&format!("key-{}", i % keys), &format!("{i}")));
+    }
+    let publisher = MemoryPublisher::new();
+    let token = CancellationToken::new();
+    let mut relays = Vec::new();
+    for n in 0..4 {
+        let relay = Relay::new(h.store(), publisher.clone())
+            .with_name(format!("relay-{n}"))
+            .with_batch_size(100)
+            .with_buckets_per_batch(8)
+            .with_poll_interval(Duration::from_millis(5));
+        relays.push(tokio::spawn(relay.run(token.clone())));
+    }
+    // Writers commit while the relays run, in transactions of a few events.
+    for chunk in all.chunks(50) {
+        h.commit(chunk.to_vec()).await;
+    }
+    eventually("every event", async || h.pending().await == 0).await;
+    token.cancel();
+    let mut total = 0;
+    let mut working = 0;
+    for relay in relays {
+        let report = relay.await.expect("relay");
+        total += report.dispatched;
+        working += usize::from(report.dispatched > 0);
+    }
+    assert_eq!(total as usize, events);
+    assert!(
+        working >= 2,
+        "the relays shared the work ({working} of 4 dispatched anything)"
+    );
+    assert_eq!(
+        support::assert_per_key_order(&pairs(&all), &delivered(&publisher)),
+        0,
+        "no duplicates without faults"
+    );
+}
+
+/// Aborts a relay parked at `point`, then lets a fresh relay finish; returns how many
+/// events were published twice.
+pub(crate) async fn crash_at<H: Harness>(h: H, point: Point) -> usize {
+    let events: Vec<Event> = (0..30)
+        .map(|i| event(&format!("key-{}", i % 4), &format!("{i}")))
+        .collect();
+    h.commit(events.clone()).await;
+    let publisher = MemoryPublisher::new();
+    let (reached, at_point) = oneshot::channel();
+    let reached = Arc::new(std::sync::Mutex::new(Some(reached)));
+    let relay = Relay::new(h.store(), publisher.clone())
+        .with_batch_size(10)
+        .with_hook(move |at| {
+            if at == point
+                && let Some(reached) = reached.lock().unwrap().take()
+            {
+                let _ = reached.send(());
+                return futures::future::pending().boxed();
+            }
+            futures::future::ready(()).boxed()
+        });
+    let crashed = tokio::spawn(relay.run(CancellationToken::new()));
+    at_point.await.expect("the relay reached the point");
+    crashed.abort();
+    assert!(crashed.await.expect_err("aborted").is_cancelled());
+    drain_until_empty(&h, &publisher).await;
+    assert_eq!(h.pending().await, 0, "nothing lost");
+    support::assert_per_key_order(&pairs(&events), &delivered(&publisher))
+}
+
+/// Drains, retrying while the crashed batch's buckets are still held (a PostgreSQL
+/// server notices the closed connection a moment later).
+async fn drain_until_empty<H: Harness>(h: &H, publisher: &MemoryPublisher) {
+    let start = std::time::Instant::now();
+    while h.pending().await > 0 {
+        drain(h, publisher).await;
+        assert!(start.elapsed() < Duration::from_secs(60), "never drained");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+pub(crate) async fn cancel_mid_batch_finishes_the_batch_and_starts_no_other<H: Harness>(h: H) {
+    let events: Vec<Event> = (0..20).map(|i| event(&format!("key-{i}"), "x")).collect();
+    h.commit(events).await;
+    let publisher = MemoryPublisher::new().with_ack_delay(Duration::from_millis(200));
+    let token = CancellationToken::new();
+    let cancel = token.clone();
+    let relay = Relay::new(h.store(), publisher.clone())
+        .with_batch_size(5)
+        .with_buckets_per_batch(1000)
+        .with_hook(move |at| {
+            // Cancelled with every record sent and no acknowledgement in yet.
+            if at == Point::BeforePublish {
+                cancel.cancel();
+            }
+            futures::future::ready(()).boxed()
+        });
+    let report = relay.run(token).await;
+    assert_eq!(report.stopped, StopReason::Cancelled);
+    assert!(report.finished_batch_after_cancel, "{report}");
+    assert_eq!(report.batches, 1, "no new batch after the cancel");
+    assert_eq!(report.dispatched, 5, "the batch in flight committed");
+    assert_eq!(h.pending().await, 15);
+    assert_eq!(publisher.published().len(), 5);
+}
+
+pub(crate) async fn a_deadline_too_close_starts_no_batch<H: Harness>(h: H) {
+    h.commit(vec![event("k", "x")]).await;
+    let publisher = MemoryPublisher::new();
+    let claimed = Arc::new(AtomicBool::new(false));
+    let seen = claimed.clone();
+    let report = Relay::new(h.store(), publisher.clone())
+        .with_batch_budget(Duration::from_secs(5))
+        .with_hook(move |_| {
+            seen.store(true, Ordering::SeqCst);
+            futures::future::ready(()).boxed()
+        })
+        .drain(
+            CancellationToken::new(),
+            Instant::now() + Duration::from_secs(4),
+        )
+        .await;
+    assert!(
+        matches!(report.stopped, StopReason::DeadlineTooClose { remaining } if remaining <= Duration::from_secs(4))
+    );
+    assert!(!claimed.load(Ordering::SeqCst));
+    assert_eq!(report.batches, 0);
+    assert!(publisher.published().is_empty());
+    assert_eq!(h.pending().await, 1);
+}
+
+pub(crate) async fn a_rolling_update_loses_nothing_and_keeps_order<H: Harness>(h: H) {
+    let publisher = MemoryPublisher::new();
+    let old_token = CancellationToken::new();
+    let relay = |name: &str| {
+        Relay::new(h.store(), publisher.clone())
+            .with_name(name)
+            .with_batch_size(20)
+            .with_poll_interval(Duration::from_millis(5))
+    };
+    let old = tokio::spawn(relay("old pod").run(old_token.clone()));
+    let mut all = Vec::new();
+    let mut new = None;
+    let new_token = CancellationToken::new();
+    for round in 0..20 {
+        let events: Vec<Event> = (0..10)
+            .map(|k| event(&format!("key-{k}"), &format!("{round}-{k}")))
+            .collect();
+        all.extend(events.clone());
+        h.commit(events).await;
+        tokio::time::sleep(Duration::from_millis(3)).await;
+        if round == 5 {
+            new = Some(tokio::spawn(relay("new pod").run(new_token.clone())));
+        }
+        if round == 10 {
+            old_token.cancel();
+        }
+    }
+    let old = old.await.expect("old relay");
+    eventually("every event", async || h.pending().await == 0).await;
+    new_token.cancel();
+    let new = new.expect("started").await.expect("new relay");
+    assert_eq!((old.dispatched + new.dispatched) as usize, all.len());
+    assert_eq!(
+        support::assert_per_key_order(&pairs(&all), &delivered(&publisher)),
+        0
+    );
+}
