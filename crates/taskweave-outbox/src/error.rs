@@ -134,6 +134,8 @@ pub enum StoreError {
     },
     /// A stored row could not be read back.
     Corrupt(String),
+    /// The store did not answer within the relay's share of the batch budget.
+    TimedOut(String),
 }
 
 impl fmt::Display for StoreError {
@@ -151,6 +153,7 @@ impl fmt::Display for StoreError {
                 "outbox schema version {found} is newer than this crate's {known}"
             ),
             Self::Corrupt(what) => write!(f, "corrupt outbox row: {what}"),
+            Self::TimedOut(what) => write!(f, "outbox store timed out {what}"),
         }
     }
 }
@@ -180,6 +183,9 @@ pub enum PublishErrorKind {
     Retriable,
     /// It will not work without a change (message too large, unknown topic, authorization).
     Permanent,
+    /// The publisher itself is broken for good (the Kafka producer raised a fatal error):
+    /// nothing more goes through it, and the relay stops.
+    Fatal,
 }
 
 /// A record that was not published; the relay leaves it pending.
@@ -206,6 +212,14 @@ impl PublishError {
         }
     }
 
+    /// The publisher is broken for good; see [`PublishErrorKind::Fatal`].
+    pub fn fatal(message: impl Into<String>) -> Self {
+        Self {
+            kind: PublishErrorKind::Fatal,
+            message: message.into(),
+        }
+    }
+
     /// Whether it is worth retrying.
     #[must_use]
     pub fn kind(&self) -> PublishErrorKind {
@@ -224,6 +238,7 @@ impl fmt::Display for PublishError {
         let kind = match self.kind {
             PublishErrorKind::Retriable => "retriable",
             PublishErrorKind::Permanent => "permanent",
+            PublishErrorKind::Fatal => "fatal",
         };
         write!(f, "publish failed ({kind}): {}", self.message)
     }

@@ -12,7 +12,15 @@ pub const EVENT_ID_HEADER: &str = "event_id";
 
 /// The Kafka header that carries an event's per-key sequence (a decimal `i64`): the caller's
 /// aggregate version when one was given, else the outbox id, which grows with commit order
-/// for each key. A consumer that has applied sequence `n` of a key can drop anything `<= n`.
+/// for each key.
+///
+/// Drop duplicates by [`EVENT_ID_HEADER`]: a redelivery carries the id of an event already
+/// applied. The sequence tells a consumer where an event stands in its key's history: one
+/// that applies whole-state snapshots can keep the highest sequence per key and ignore
+/// anything lower. Do not drop events that merely arrive with a lower sequence when they
+/// carry changes (deltas): in the one case the relay counts in
+/// [`RelayMetrics::sent_after_failure`](crate::RelayMetrics::sent_after_failure), a key's
+/// earlier event is first delivered after a later one, and dropping it would lose it.
 pub const SEQUENCE_HEADER: &str = "event_seq";
 
 /// The unique id of an enqueued event: a UUIDv7 made in the application at `enqueue`.
@@ -160,8 +168,10 @@ impl fmt::Debug for Event {
 /// Size limits checked at `enqueue`, before anything is written.
 ///
 /// The defaults follow Kafka's: a topic name of at most 249 characters from
-/// `[a-zA-Z0-9._-]`, a payload of at most 1 MiB (the broker's default `message.max.bytes`
-/// is about that), a key of at most 1 KiB, at most 64 headers.
+/// `[a-zA-Z0-9._-]`, a payload of at most 900 KiB, a key of at most 1 KiB, at most 64
+/// headers. The payload limit leaves room for the key, the headers and the record's framing
+/// under librdkafka's default `message.max.bytes` (1,000,000 bytes): an event that passes
+/// `enqueue` with the default limits is never refused as too large by a default producer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Limits {
     /// The largest payload, in bytes.
@@ -175,7 +185,7 @@ pub struct Limits {
 impl Default for Limits {
     fn default() -> Self {
         Self {
-            max_payload_bytes: 1024 * 1024,
+            max_payload_bytes: 900 * 1024,
             max_key_bytes: 1024,
             max_headers: 64,
         }

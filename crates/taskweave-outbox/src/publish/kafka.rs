@@ -182,6 +182,11 @@ impl fmt::Debug for KafkaDelivery {
 /// Permanent: the record or the topic is wrong, or we may not write; waiting will not help.
 /// Everything else (timeouts, leader changes, brokers down) is worth retrying.
 fn classify(error: &KafkaError) -> PublishError {
+    // With idempotence a fatal error (an unrecoverable sequence gap, a fenced producer)
+    // makes the producer refuse everything from then on.
+    if matches!(error.rdkafka_error_code(), Some(RDKafkaErrorCode::Fatal)) {
+        return PublishError::fatal(error.to_string());
+    }
     let permanent = matches!(
         error.rdkafka_error_code(),
         Some(

@@ -42,6 +42,7 @@ struct Inner {
     ack_delay: Duration,
     log: Mutex<Vec<Published>>,
     fault: Mutex<Option<Fault>>,
+    ack_fault: Mutex<Option<Fault>>,
 }
 
 /// One record as a [`MemoryPublisher`] published it: what a consumer would read.
@@ -90,10 +91,24 @@ impl MemoryPublisher {
         *lock(&self.inner.fault) = Some(Box::new(fault));
     }
 
-    /// Stops failing records.
+    /// From now on, accepts each record for which `fault` returns an error at
+    /// [`send`](Publisher::send) but fails its acknowledgement (a broker that times out or
+    /// refuses it after it was handed over); it is not in the log. Replaces any earlier
+    /// rule of this kind.
+    pub fn fail_acks_when(
+        &self,
+        fault: impl FnMut(&OutboxRecord) -> Option<PublishError> + Send + 'static,
+    ) {
+        *lock(&self.inner.ack_fault) = Some(Box::new(fault));
+    }
+
+    /// Stops failing records, at `send` and at acknowledgement.
     pub fn heal(&self) {
         // Dropped outside the lock: it is user code.
-        let old = lock(&self.inner.fault).take();
+        let old = (
+            lock(&self.inner.fault).take(),
+            lock(&self.inner.ack_fault).take(),
+        );
         drop(old);
     }
 
@@ -123,6 +138,18 @@ impl Publisher for MemoryPublisher {
         if let Some(error) = verdict {
             return Err(error);
         }
+        let delay = self.inner.ack_delay;
+        let ack_verdict = lock(&self.inner.ack_fault)
+            .as_mut()
+            .and_then(|fault| fault(record));
+        if let Some(error) = ack_verdict {
+            return Ok(Box::pin(async move {
+                if !delay.is_zero() {
+                    tokio::time::sleep(delay).await;
+                }
+                Err(error)
+            }));
+        }
         let mut headers = vec![
             (
                 EVENT_ID_HEADER.to_owned(),
@@ -142,7 +169,6 @@ impl Publisher for MemoryPublisher {
             event_id: record.event_id,
             sequence: record.sequence,
         });
-        let delay = self.inner.ack_delay;
         Ok(Box::pin(async move {
             if !delay.is_zero() {
                 tokio::time::sleep(delay).await;

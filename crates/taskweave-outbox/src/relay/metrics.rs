@@ -33,7 +33,7 @@ impl Counters {
 
     pub(crate) fn publish_failed(&self, kind: PublishErrorKind) {
         match kind {
-            PublishErrorKind::Permanent => &self.permanent_failures,
+            PublishErrorKind::Permanent | PublishErrorKind::Fatal => &self.permanent_failures,
             _ => &self.retriable_failures,
         }
         .fetch_add(1, Ordering::Relaxed);
@@ -113,7 +113,8 @@ pub struct RelayMetrics {
     /// Publishes that failed and may work later (including acknowledgements that did not
     /// come back within the batch budget).
     pub retriable_failures: u64,
-    /// Publishes that failed for good (too large, unknown topic, not authorised).
+    /// Publishes that failed for good (too large, unknown topic, not authorised, or a
+    /// publisher broken for good).
     pub permanent_failures: u64,
     /// Events not sent because an earlier event of their key failed in the same batch (or
     /// the batch ran out of time): left pending, in order.

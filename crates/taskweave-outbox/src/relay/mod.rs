@@ -23,8 +23,12 @@ pub use report::{BatchSummary, RelayReport, StopReason};
 
 use metrics::Counters;
 
-/// The share of the batch budget given to publishing; the rest is the commit's.
+/// The share of the batch budget by whose end every acknowledgement must be in (the claim
+/// included); the rest is the commit's.
 const PUBLISH_SHARE: f64 = 0.8;
+
+/// The share of the batch budget the claim may take.
+const CLAIM_SHARE: f64 = 0.1;
 
 /// Publishes the events of a [`Store`] through a [`Publisher`], batch after batch.
 ///
@@ -263,44 +267,54 @@ impl<S: Store, P: Publisher> Relay<S, P> {
             if token.is_cancelled() && outcome.as_ref().is_ok_and(|s| s.claimed > 0) {
                 report.finished_batch_after_cancel = true;
             }
-            let wait_for_nudge = match outcome {
+            let wait = match outcome {
                 Ok(summary) => {
                     report.add(&summary);
-                    let failed = summary.failed > 0 || summary.commit_failed;
+                    let fatal = summary.fatal.clone();
+                    let stuck =
+                        (summary.failed > 0 || summary.commit_failed) && summary.dispatched == 0;
                     let empty = summary.claimed == 0;
                     report.last_batch = Some(summary);
+                    if let Some(message) = fatal {
+                        tracing::error!(relay = %self.name, error = %message, "outbox publisher failed for good; the relay stops so it can be restarted with a new one");
+                        break StopReason::PublisherFailed(message);
+                    }
                     if empty && drain_until.is_some() {
-                        break StopReason::Drained;
+                        // Empty can also mean that another batch holds every bucket with
+                        // pending events: drained only when nothing is pending at all.
+                        match self.store.has_pending().await {
+                            Ok(false) => break StopReason::Drained,
+                            Ok(true) => {}
+                            Err(error) => self.store_failed(&mut report, &error),
+                        }
                     }
-                    if failed {
-                        Some(false)
-                    } else if empty {
-                        Some(true)
-                    } else {
-                        None
-                    }
+                    // Wait when there was nothing to do, or nothing could be done (a broker
+                    // down); go on at once when the batch made progress, even if one key
+                    // failed, so that a failing key does not slow the others down.
+                    empty || stuck
                 }
                 Err(error) => {
-                    self.counters.store_error();
-                    report.store_errors += 1;
-                    tracing::warn!(relay = %self.name, error = %error, source = ?std::error::Error::source(&error), "outbox claim failed; retrying after the poll interval");
-                    Some(false)
+                    self.store_failed(&mut report, &error);
+                    true
                 }
             };
-            match wait_for_nudge {
-                Some(nudge) => {
+            match wait {
+                true => {
+                    // A nudge means new work that may be claimable, so it ends the wait
+                    // after a failure too (a failing event is then retried at most once per
+                    // local commit).
                     let sleep = tokio::time::sleep(self.poll_interval);
                     tokio::select! {
                         biased;
                         () = token.cancelled() => {}
                         () = sleep => {}
-                        () = listener.notified(), if nudge => {}
+                        () = listener.notified() => {}
                     }
                 }
                 // More may be pending: go on at once, but let the runtime's other tasks (other
                 // relays, the writers) run first, since a store and publisher that never wait
                 // would otherwise keep this task on the thread.
-                None => tokio::task::yield_now().await,
+                false => tokio::task::yield_now().await,
             }
         };
         report.stopped = stopped;
@@ -308,19 +322,27 @@ impl<S: Store, P: Publisher> Relay<S, P> {
         report
     }
 
+    fn store_failed(&self, report: &mut RelayReport, error: &StoreError) {
+        self.counters.store_error();
+        report.store_errors += 1;
+        tracing::warn!(relay = %self.name, %error, source = ?std::error::Error::source(error), "outbox store failed; retrying after the poll interval");
+    }
+
     /// One batch: claim, send in id order, await acknowledgements, mark, commit. Never
     /// raced against the token.
     async fn batch(&self) -> Result<BatchSummary, StoreError> {
         let started = Instant::now();
         let publish_deadline = started + self.batch_budget.mul_f64(PUBLISH_SHARE);
-        let batch = self
-            .store
-            .claim(ClaimLimits {
-                buckets: self.buckets_per_batch,
-                events: self.batch_size,
-                hold_at_most: self.batch_budget,
-            })
-            .await?;
+        // The claim gets a tenth of the budget (a pool that has no connection to give, a
+        // server that does not answer); dropping a claim halfway is safe (see `Store`).
+        let claim = self.store.claim(ClaimLimits {
+            buckets: self.buckets_per_batch,
+            events: self.batch_size,
+            hold_at_most: self.batch_budget,
+        });
+        let batch = tokio::time::timeout(self.batch_budget.mul_f64(CLAIM_SHARE), claim)
+            .await
+            .map_err(|_| StoreError::TimedOut("claiming a batch".to_owned()))??;
         let records = batch.records();
         let mut summary = BatchSummary {
             claimed: records.len(),
@@ -351,6 +373,13 @@ impl<S: Store, P: Publisher> Relay<S, P> {
                     tracing::warn!(relay = %self.name, id = record.id, topic = %record.topic, %error, "outbox publish failed");
                     outcomes[index] = Some(Err(error.kind()));
                     blocked.insert(record.key.as_slice());
+                    if error.kind() == PublishErrorKind::Fatal {
+                        summary
+                            .fatal
+                            .get_or_insert_with(|| error.message().to_owned());
+                        // Nothing more can go through this publisher.
+                        out_of_time = true;
+                    }
                 }
                 Err(_) => {
                     tracing::warn!(relay = %self.name, id = record.id, "outbox batch ran out of publish time while sending");
@@ -366,6 +395,11 @@ impl<S: Store, P: Publisher> Relay<S, P> {
                     let record = &records[index];
                     tracing::warn!(relay = %self.name, id = record.id, topic = %record.topic, %error, "outbox publish failed");
                     outcomes[index] = Some(Err(error.kind()));
+                    if error.kind() == PublishErrorKind::Fatal {
+                        summary
+                            .fatal
+                            .get_or_insert_with(|| error.message().to_owned());
+                    }
                 }
                 Ok(None) => break,
                 Err(_) => {

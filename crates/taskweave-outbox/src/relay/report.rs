@@ -22,12 +22,14 @@ pub struct BatchSummary {
     pub sent_after_failure: usize,
     /// Whether the commit failed after publishing (the batch will be published again).
     pub commit_failed: bool,
+    /// The publisher's fatal error, if it failed for good during the batch.
+    pub fatal: Option<String>,
     /// Claim to commit.
     pub took: Duration,
 }
 
 /// Why a relay stopped.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum StopReason {
     /// Its token was cancelled.
@@ -43,6 +45,10 @@ pub enum StopReason {
     /// The [`Shutdown`](taskweave_shutdown::Shutdown) it was tied to was closing its
     /// resources: no batch may start then.
     ShutdownClosing,
+    /// The publisher failed for good (a fatal error of the Kafka producer): the batch in
+    /// flight committed what was delivered, and the relay stopped so that whoever runs it
+    /// (a `Supervisor` with a restart policy) can start a new one with a new publisher.
+    PublisherFailed(String),
 }
 
 impl fmt::Display for StopReason {
@@ -57,6 +63,7 @@ impl fmt::Display for StopReason {
                 )
             }
             Self::ShutdownClosing => f.write_str("shutdown closing its resources"),
+            Self::PublisherFailed(error) => write!(f, "publisher failed: {error}"),
         }
     }
 }

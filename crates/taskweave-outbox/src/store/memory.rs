@@ -258,6 +258,10 @@ impl Store for MemoryStore {
         })
     }
 
+    async fn has_pending(&self) -> Result<bool, StoreError> {
+        Ok(self.pending() > 0)
+    }
+
     fn nudge(&self) -> &Nudge {
         &self.inner.nudge
     }

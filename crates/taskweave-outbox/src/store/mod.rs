@@ -52,6 +52,13 @@ pub trait Store: Send + Sync + 'static {
         limits: ClaimLimits,
     ) -> impl Future<Output = Result<Self::Batch, StoreError>> + Send;
 
+    /// Whether any committed event is not yet dispatched (claimable or held by a batch).
+    ///
+    /// # Errors
+    ///
+    /// The store's failure.
+    fn has_pending(&self) -> impl Future<Output = Result<bool, StoreError>> + Send;
+
     /// The nudge local writers send after a commit.
     fn nudge(&self) -> &Nudge;
 }

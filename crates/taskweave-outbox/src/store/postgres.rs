@@ -296,6 +296,7 @@ struct Statements {
     claim_events: Arc<str>,
     mark: Arc<str>,
     pending: Arc<str>,
+    has_pending: Arc<str>,
 }
 
 /// Our statements are built only from validated identifiers ([`Schema`]) and integers.
@@ -349,12 +350,21 @@ impl PgStore {
         let events = schema.events_table();
         let bucket_table = schema.buckets_table();
         let sql = Statements {
+            // The key locks and the insert are one statement, so that they are one
+            // transaction even on a connection in autocommit (two statements there would
+            // release the lock before inserting). `locked` is an aggregate over the locks,
+            // so no row reaches the insert, and no id is drawn, before every lock is held;
+            // the lock calls are volatile, so the planner keeps them.
             insert: format!(
-                "INSERT INTO {events} (event_id, bucket, topic, key, payload, headers, seq)
+                "WITH locked AS MATERIALIZED (
+                     SELECT count(*) AS locks FROM (SELECT pg_advisory_xact_lock(l) FROM unnest($8::int8[]) AS l) s
+                 )
+                 INSERT INTO {events} (event_id, bucket, topic, key, payload, headers, seq)
                  SELECT e, b, t, k, p, h, s
-                 FROM unnest($1::uuid[], $2::int4[], $3::text[], $4::bytea[], $5::bytea[], $6::bytea[], $7::int8[])
+                 FROM locked,
+                      unnest($1::uuid[], $2::int4[], $3::text[], $4::bytea[], $5::bytea[], $6::bytea[], $7::int8[])
                       WITH ORDINALITY AS x(e, b, t, k, p, h, s, n)
-                 ORDER BY n"
+                 ORDER BY x.n"
             )
             .into(),
             // The buckets whose oldest pending event is oldest, skipping those another
@@ -399,6 +409,10 @@ impl PgStore {
             )
             .into(),
             pending: format!("SELECT count(*) FROM {events} WHERE dispatched_at IS NULL").into(),
+            has_pending: format!(
+                "SELECT EXISTS (SELECT 1 FROM {events} WHERE dispatched_at IS NULL)"
+            )
+            .into(),
         };
         Ok(Self {
             inner: Arc::new(Inner {
@@ -483,7 +497,7 @@ impl PgStore {
     }
 
     /// Writes `events` in the caller's transaction, in their order (ids grow in that
-    /// order), in two round trips however many there are. Either all are written or none
+    /// order), in one round trip however many there are. Either all are written or none
     /// is.
     ///
     /// # Errors
@@ -508,17 +522,14 @@ impl PgStore {
             return Ok(Vec::new());
         }
         let table = self.inner.schema.events_table();
-        if self.inner.key_lock {
-            // Sorted and deduplicated, so two transactions lock shared keys in one order.
-            let mut locks: Vec<i64> = events.iter().map(|e| key_lock_id(&table, &e.key)).collect();
-            locks.sort_unstable();
-            locks.dedup();
-            sqlx::query("SELECT pg_advisory_xact_lock(l) FROM unnest($1::int8[]) AS l")
-                .bind(&locks)
-                .execute(&mut *conn)
-                .await
-                .map_err(StoreError::from)?;
-        }
+        // Sorted and deduplicated, so two transactions lock shared keys in one order.
+        let mut locks: Vec<i64> = if self.inner.key_lock {
+            events.iter().map(|e| key_lock_id(&table, &e.key)).collect()
+        } else {
+            Vec::new()
+        };
+        locks.sort_unstable();
+        locks.dedup();
         let n = events.len();
         let mut ids = Vec::with_capacity(n);
         let mut event_ids = Vec::with_capacity(n);
@@ -550,6 +561,7 @@ impl PgStore {
             .bind(&payloads)
             .bind(&header_bytes)
             .bind(&sequences)
+            .bind(&locks)
             .execute(&mut *conn)
             .await
             .map_err(StoreError::from)?;
@@ -627,9 +639,11 @@ impl Store for PgStore {
             .hold_at_most
             .as_millis()
             .clamp(1_000, u128::from(u32::MAX / 2));
+        // Every statement of the batch (the commit last) fits in a fifth of the budget; the
+        // whole transaction is cut off past it.
         sqlx::raw_sql(AssertSqlSafe(format!(
-            "BEGIN; SET LOCAL idle_in_transaction_session_timeout = {idle}; SET LOCAL statement_timeout = {hold_ms}",
-            idle = hold_ms * 2
+            "BEGIN; SET LOCAL idle_in_transaction_session_timeout = {hold_ms}; SET LOCAL statement_timeout = {statement}",
+            statement = (hold_ms / 5).max(1_000)
         )))
         .execute(conn.open())
         .await?;
@@ -656,6 +670,12 @@ impl Store for PgStore {
             store: Arc::clone(&self.inner),
             records,
         })
+    }
+
+    async fn has_pending(&self) -> Result<bool, StoreError> {
+        Ok(sqlx::query_scalar(sql(&self.inner.sql.has_pending))
+            .fetch_one(&self.inner.pool)
+            .await?)
     }
 
     fn nudge(&self) -> &Nudge {

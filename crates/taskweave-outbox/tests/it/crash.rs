@@ -83,11 +83,10 @@ async fn kill_at(point: &str) -> usize {
         assert!(start.elapsed() < Duration::from_secs(60), "never drained");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let consumed = tokio::task::spawn_blocking(move || {
-        read_topic(&topic, 2, usize::MAX, Duration::from_secs(3))
-    })
-    .await
-    .unwrap();
+    let consumed =
+        tokio::task::spawn_blocking(move || read_topic(&topic, 2, 30, Duration::from_secs(2)))
+            .await
+            .unwrap();
     let delivered: Vec<(Vec<u8>, Vec<u8>)> =
         consumed.into_iter().map(|c| (c.key, c.payload)).collect();
     support::assert_per_key_order(&committed, &delivered)

@@ -44,7 +44,7 @@ async fn every_event_reaches_the_broker_once_with_its_headers_in_key_order() {
     assert_eq!(store.pending().await.unwrap(), 0);
 
     let consumed =
-        tokio::task::spawn_blocking(move || read_topic(&topic, 3, 300, Duration::from_secs(20)))
+        tokio::task::spawn_blocking(move || read_topic(&topic, 3, 300, Duration::from_secs(1)))
             .await
             .unwrap();
     assert_eq!(consumed.len(), 300);

@@ -6,6 +6,7 @@ mod crash;
 mod kafka;
 mod memory;
 mod postgres;
+mod shutdown;
 mod suite;
 mod support;
 
@@ -42,6 +43,9 @@ both_stores! {
     relay_publishes_each_event_once_in_key_order;
     a_callers_sequence_is_sent;
     a_failing_key_waits_alone_while_the_others_flow;
+    a_failed_acknowledgement_holds_its_key_and_counts_what_got_through;
+    a_fatal_publisher_error_stops_the_relay_after_committing_what_went_out;
+    drain_waits_for_buckets_another_batch_holds;
     four_relays_share_the_work_and_keep_key_order(10_000, 200);
     cancel_mid_batch_finishes_the_batch_and_starts_no_other;
     a_deadline_too_close_starts_no_batch;

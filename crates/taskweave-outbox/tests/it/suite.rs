@@ -44,6 +44,8 @@ impl Harness for Memory {
             tx.enqueue(event).expect("enqueue");
         }
         tx.commit();
+        // A database commit waits for the server: let the relays run meanwhile.
+        tokio::task::yield_now().await;
     }
     async fn rollback(&self, events: Vec<Event>) {
         let mut tx = self.0.begin();
@@ -280,18 +282,32 @@ pub(crate) async fn a_callers_sequence_is_sent<H: Harness>(h: H) {
     assert_eq!(seqs, [7, 8]);
 }
 
+/// Ten keys that share one bucket (of the 64 both harnesses use), the failing one first.
+fn keys_in_one_bucket() -> Vec<String> {
+    let bucket = taskweave_outbox::bucket_of(b"poison", 64);
+    let mut keys = vec!["poison".to_owned()];
+    keys.extend(
+        (0..)
+            .map(|i| format!("key-{i}"))
+            .filter(|key| taskweave_outbox::bucket_of(key.as_bytes(), 64) == bucket)
+            .take(9),
+    );
+    keys
+}
+
 pub(crate) async fn a_failing_key_waits_alone_while_the_others_flow<H: Harness>(h: H) {
     // One bucket: every key shares it, so only per-key blocking lets the others through.
+    let keys = keys_in_one_bucket();
     let mut events = Vec::new();
     for round in 0..3 {
-        for key in 0..10 {
-            events.push(event(&format!("key-{key}"), &format!("{key}-{round}")));
+        for key in &keys {
+            events.push(event(key, &format!("{key}-{round}")));
         }
     }
     h.commit(events.clone()).await;
     let publisher = MemoryPublisher::new();
     publisher.fail_when(|record| {
-        (record.key == b"key-3").then(|| PublishError::retriable("broker unavailable"))
+        (record.key == b"poison").then(|| PublishError::retriable("broker unavailable"))
     });
     let token = CancellationToken::new();
     let relay =
@@ -299,7 +315,7 @@ pub(crate) async fn a_failing_key_waits_alone_while_the_others_flow<H: Harness>(
     let metrics = relay.metrics();
     let running = tokio::spawn(relay.run(token.clone()));
     eventually("the other keys", async || h.pending().await == 3).await;
-    assert!(publisher.published().iter().all(|p| p.key != b"key-3"));
+    assert!(publisher.published().iter().all(|p| p.key != b"poison"));
     let m = metrics.snapshot();
     assert!(m.retriable_failures >= 1 && m.held_back >= 2, "{m:?}");
     // The broker heals: the held key follows, in order.
@@ -311,6 +327,110 @@ pub(crate) async fn a_failing_key_waits_alone_while_the_others_flow<H: Harness>(
         support::assert_per_key_order(&pairs(&events), &delivered(&publisher)),
         0
     );
+}
+
+pub(crate) async fn a_failed_acknowledgement_holds_its_key_and_counts_what_got_through<
+    H: Harness,
+>(
+    h: H,
+) {
+    // `a1`'s acknowledgement fails after `a2` was sent: `a2` got through first, so it is
+    // counted, left pending and sent again after `a1`.
+    h.commit(vec![event("a", "a1"), event("a", "a2"), event("b", "b1")])
+        .await;
+    let publisher = MemoryPublisher::new();
+    let mut once = true;
+    publisher.fail_acks_when(move |record| {
+        (record.payload == b"a1" && std::mem::take(&mut once))
+            .then(|| PublishError::retriable("request timed out"))
+    });
+    let relay =
+        Relay::new(h.store(), publisher.clone()).with_poll_interval(Duration::from_millis(20));
+    let metrics = relay.metrics();
+    let report = relay
+        .drain(
+            CancellationToken::new(),
+            Instant::now() + Duration::from_secs(3600),
+        )
+        .await;
+    assert_eq!(report.stopped, StopReason::Drained);
+    let m = metrics.snapshot();
+    assert_eq!(
+        (m.sent_after_failure, m.retriable_failures, m.dispatched),
+        (1, 1, 3),
+        "{m:?}"
+    );
+    let got: Vec<Vec<u8>> = publisher
+        .published()
+        .into_iter()
+        .map(|p| p.payload)
+        .collect();
+    assert_eq!(
+        got,
+        [
+            b"a2".to_vec(),
+            b"b1".to_vec(),
+            b"a1".to_vec(),
+            b"a2".to_vec()
+        ]
+    );
+    assert_eq!(h.pending().await, 0);
+}
+
+pub(crate) async fn a_fatal_publisher_error_stops_the_relay_after_committing_what_went_out<
+    H: Harness,
+>(
+    h: H,
+) {
+    h.commit(vec![event("a", "1"), event("b", "2"), event("c", "3")])
+        .await;
+    let publisher = MemoryPublisher::new();
+    publisher
+        .fail_when(|record| (record.key == b"b").then(|| PublishError::fatal("producer fenced")));
+    let report = Relay::new(h.store(), publisher.clone())
+        .run(CancellationToken::new())
+        .await;
+    assert_eq!(
+        report.stopped,
+        StopReason::PublisherFailed("producer fenced".into())
+    );
+    assert_eq!(
+        report.dispatched, 1,
+        "the record before the failure is marked: {report}"
+    );
+    assert_eq!(
+        h.pending().await,
+        2,
+        "nothing after the fatal error was sent"
+    );
+}
+
+pub(crate) async fn drain_waits_for_buckets_another_batch_holds<H: Harness>(h: H) {
+    h.commit((0..10).map(|i| event(&format!("k{i}"), "x")).collect())
+        .await;
+    let store = h.store();
+    let held = store.claim(limits(1000, 1000)).await.expect("claim");
+    assert_eq!(held.records().len(), 10);
+    let publisher = MemoryPublisher::new();
+    let drain = tokio::spawn(
+        Relay::new(store.clone(), publisher.clone())
+            .with_poll_interval(Duration::from_millis(50))
+            .with_batch_budget(Duration::from_secs(1))
+            .drain(
+                CancellationToken::new(),
+                Instant::now() + Duration::from_secs(120),
+            ),
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !drain.is_finished(),
+        "a drain must not stop while events are pending"
+    );
+    drop(held); // the other relay crashes
+    let report = drain.await.expect("drain");
+    assert_eq!(report.stopped, StopReason::Drained, "{report}");
+    assert_eq!(report.dispatched, 10);
+    assert_eq!(h.pending().await, 0);
 }
 
 pub(crate) async fn four_relays_share_the_work_and_keep_key_order<H: Harness>(

@@ -160,14 +160,14 @@ pub(crate) struct Consumed {
     pub(crate) headers: Vec<(String, Vec<u8>)>,
 }
 
-/// Reads `topic` from the beginning of every partition until `expected` messages came, or
-/// `patience` passed without a new one; returns them in partition order (each partition
-/// in offset order).
+/// Reads `topic` from the beginning of every partition until at least `at_least` messages
+/// came (failing after 60 s without reaching it), then for `linger` more to catch any
+/// extra (duplicates); returns them in partition order (each partition in offset order).
 pub(crate) fn read_topic(
     topic: &str,
     partitions: i32,
-    expected: usize,
-    patience: Duration,
+    at_least: usize,
+    linger: Duration,
 ) -> Vec<Consumed> {
     let consumer: BaseConsumer = ClientConfig::new()
         .set("bootstrap.servers", kafka_brokers())
@@ -183,11 +183,19 @@ pub(crate) fn read_topic(
     }
     consumer.assign(&assignment).expect("assign");
     let mut out = Vec::new();
-    let mut quiet_since = std::time::Instant::now();
-    while out.len() < expected && quiet_since.elapsed() < patience {
+    let start = std::time::Instant::now();
+    let mut reached: Option<std::time::Instant> = None;
+    while reached.is_none_or(|at| at.elapsed() < linger) {
+        assert!(
+            reached.is_some() || start.elapsed() < Duration::from_secs(60),
+            "{topic}: only {} of at least {at_least} messages after 60 s",
+            out.len()
+        );
+        if reached.is_none() && out.len() >= at_least {
+            reached = Some(std::time::Instant::now());
+        }
         match consumer.poll(Duration::from_millis(100)) {
             Some(Ok(message)) => {
-                quiet_since = std::time::Instant::now();
                 let mut headers = Vec::new();
                 if let Some(all) = message.headers() {
                     for header in all.iter() {
