@@ -652,19 +652,23 @@ impl Shutdown {
             let closed = self.inner.critical_closed.notified();
             let mut closed = std::pin::pin!(closed);
             closed.as_mut().enable();
-            let mut state = lock(&self.inner.state);
-            let open: Vec<String> = state
-                .critical
-                .values()
-                .map(|(name, _)| name.clone())
-                .collect();
-            if open.is_empty() {
+            let open: Vec<String> = {
+                let mut state = lock(&self.inner.state);
+                let open: Vec<String> = state
+                    .critical
+                    .values()
+                    .map(|(name, _)| name.clone())
+                    .collect();
                 // Under the same lock as the check: a section opened after it (by a relay
                 // starting a batch on another thread) must be refused, not missed.
-                state.critical_closed_for_good = true;
+                if open.is_empty() {
+                    state.critical_closed_for_good = true;
+                }
+                open
+            };
+            if open.is_empty() {
                 break open;
             }
-            drop(state);
             tokio::select! {
                 () = closed => {}
                 () = tokio::time::sleep_until(hard_deadline) => break open,
