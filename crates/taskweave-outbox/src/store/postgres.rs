@@ -1,6 +1,7 @@
 //! `PgStore`: the outbox in PostgreSQL. Writers enqueue inside their own transaction;
 //! relays claim key buckets with `FOR UPDATE SKIP LOCKED`.
 
+use std::collections::HashSet;
 use std::fmt;
 use std::sync::Arc;
 
@@ -664,7 +665,25 @@ impl Store for PgStore {
             .bind(i64::from(limits.events))
             .fetch_all(conn.get())
             .await?;
-        let records = rows.iter().map(record_of).collect::<Result<Vec<_>, _>>()?;
+        // A row that cannot be read back (headers written by hand, say) holds back its key
+        // only, like a failing event: it and the key's later rows stay pending, logged, and
+        // every other key flows.
+        let mut unreadable: HashSet<Vec<u8>> = HashSet::new();
+        let mut records = Vec::with_capacity(rows.len());
+        for row in &rows {
+            let key: Vec<u8> = row.try_get("key")?;
+            if unreadable.contains(&key) {
+                continue;
+            }
+            match record_of(row) {
+                Ok(record) => records.push(record),
+                Err(error) => {
+                    let id: Option<i64> = row.try_get("id").ok();
+                    tracing::error!(id, %error, "unreadable outbox row: it and the later events of its key stay pending");
+                    unreadable.insert(key);
+                }
+            }
+        }
         Ok(PgBatch {
             conn,
             store: Arc::clone(&self.inner),

@@ -349,3 +349,33 @@ async fn claim_until_found(store: &PgStore) -> taskweave_outbox::PgBatch {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreadable_row_holds_back_its_key_only() {
+    let store = fresh_store(1, 4).await;
+    crate::support::commit_each(
+        &store,
+        vec![
+            Event::new("t", "bad", b"1".to_vec()),
+            Event::new("t", "bad", b"2".to_vec()),
+            Event::new("t", "good", b"3".to_vec()),
+        ],
+    )
+    .await;
+    // Corrupt the first row's headers behind the outbox's back.
+    sqlx::query(AssertSqlSafe(format!(
+        "UPDATE {} SET headers = '\\xffffffff' WHERE id = (SELECT min(id) FROM {})",
+        store.schema().events_table(),
+        store.schema().events_table()
+    )))
+    .execute(store.pool())
+    .await
+    .unwrap();
+    let batch = store.claim(limits()).await.expect("the claim still works");
+    let payloads: Vec<&[u8]> = batch
+        .records()
+        .iter()
+        .map(|r| r.payload.as_slice())
+        .collect();
+    assert_eq!(payloads, [b"3".as_slice()], "only the other key is read");
+}
