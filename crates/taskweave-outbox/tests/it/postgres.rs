@@ -167,19 +167,10 @@ async fn the_claim_reads_the_pending_partial_index_with_many_dispatched_rows() {
         .execute(store.pool())
         .await
         .unwrap();
-    let plan: Vec<String> = sqlx::query(AssertSqlSafe(format!(
-        "EXPLAIN {}",
-        store.claim_events_sql()
-    )))
-    .bind(vec![1_i32, 2, 3, 4])
-    .bind(500_i64)
-    .fetch_all(store.pool())
-    .await
-    .unwrap()
-    .iter()
-    .map(|row| row.get::<String, _>(0))
-    .collect();
-    let plan = plan.join("\n");
+    let plan = explain(&store, store.claim_events_sql(), |query| {
+        query.bind(vec![1_i32, 2, 3, 4]).bind(500_i64)
+    })
+    .await;
     let index = format!("{}events_pending", "outbox_");
     assert!(
         plan.contains(&index),
@@ -189,18 +180,10 @@ async fn the_claim_reads_the_pending_partial_index_with_many_dispatched_rows() {
         !plan.contains("Seq Scan") && !plan.contains("events_pkey"),
         "no scan over dispatched rows:\n{plan}"
     );
-    let plan: Vec<String> = sqlx::query(AssertSqlSafe(format!(
-        "EXPLAIN {}",
-        store.claim_buckets_sql()
-    )))
-    .bind(16_i64)
-    .fetch_all(store.pool())
-    .await
-    .unwrap()
-    .iter()
-    .map(|row| row.get::<String, _>(0))
-    .collect();
-    let plan = plan.join("\n");
+    let plan = explain(&store, store.claim_buckets_sql(), |query| {
+        query.bind(16_i64)
+    })
+    .await;
     assert!(
         plan.contains(&index) && !plan.contains("Seq Scan on outbox_events"),
         "{plan}"
@@ -379,3 +362,19 @@ async fn an_unreadable_row_holds_back_its_key_only() {
         .collect();
     assert_eq!(payloads, [b"3".as_slice()], "only the other key is read");
 }
+
+/// The plan of `statement`, with its parameters bound by `bind`.
+async fn explain(
+    store: &PgStore,
+    statement: &str,
+    bind: impl FnOnce(PgQuery<'_>) -> PgQuery<'_>,
+) -> String {
+    let query = sqlx::query(AssertSqlSafe(format!("EXPLAIN {statement}")));
+    let rows = bind(query).fetch_all(store.pool()).await.unwrap();
+    rows.iter()
+        .map(|row| row.get::<String, _>(0))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+type PgQuery<'q> = sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>;
