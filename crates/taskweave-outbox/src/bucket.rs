@@ -17,11 +17,7 @@ pub fn bucket_of(key: &[u8], buckets: u32) -> u32 {
         buckets > 0,
         "bucket_of: the bucket count must be greater than zero"
     );
-    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-    for &byte in key {
-        hash ^= u64::from(byte);
-        hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
-    }
+    let hash = fnv1a(key.iter().copied());
     // The remainder is below `buckets`, which is a u32.
     u32::try_from(hash % u64::from(buckets)).expect("a remainder below a u32 fits a u32")
 }
@@ -30,12 +26,15 @@ pub fn bucket_of(key: &[u8], buckets: u32) -> u32 {
 /// that outbox ids grow with commit order for each key. Salted with the table name so that
 /// two outboxes in one database do not wait on each other.
 pub(crate) fn key_lock_id(table: &str, key: &[u8]) -> i64 {
-    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-    for &byte in table.as_bytes().iter().chain([0u8].iter()).chain(key) {
-        hash ^= u64::from(byte);
-        hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
-    }
-    i64::from_ne_bytes(hash.to_ne_bytes())
+    let bytes = table.as_bytes().iter().chain(&[0]).chain(key).copied();
+    i64::from_ne_bytes(fnv1a(bytes).to_ne_bytes())
+}
+
+/// 64-bit FNV-1a.
+fn fnv1a(bytes: impl Iterator<Item = u8>) -> u64 {
+    bytes.fold(0xcbf2_9ce4_8422_2325, |hash, byte| {
+        (hash ^ u64::from(byte)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
 }
 
 #[cfg(test)]

@@ -31,12 +31,12 @@ impl Counters {
         self.store_errors.fetch_add(1, Ordering::Relaxed);
     }
 
-    pub(crate) fn publish_failed(&self, kind: PublishErrorKind) {
+    pub(crate) fn publish_failed(&self, kind: PublishErrorKind, count: usize) {
         match kind {
             PublishErrorKind::Permanent | PublishErrorKind::Fatal => &self.permanent_failures,
             _ => &self.retriable_failures,
         }
-        .fetch_add(1, Ordering::Relaxed);
+        .fetch_add(count as u64, Ordering::Relaxed);
     }
 
     pub(crate) fn batch_committed(

@@ -404,9 +404,7 @@ impl<S: Store, P: Publisher> Relay<S, P> {
                 Ok(None) => break,
                 Err(_) => {
                     tracing::warn!(relay = %self.name, unacknowledged = deliveries.len(), "outbox batch ran out of publish time awaiting acknowledgements");
-                    for _ in 0..deliveries.len() {
-                        summary.timed_out += 1;
-                    }
+                    summary.timed_out = deliveries.len();
                     break;
                 }
             }
@@ -424,7 +422,7 @@ impl<S: Store, P: Publisher> Relay<S, P> {
                 Some(Ok(())) => dispatched.push(record.id),
                 Some(Err(kind)) => {
                     summary.failed += 1;
-                    self.counters.publish_failed(*kind);
+                    self.counters.publish_failed(*kind, 1);
                     failed_keys.insert(key);
                 }
                 // Held back, or timed out: not known to be delivered.
@@ -434,9 +432,8 @@ impl<S: Store, P: Publisher> Relay<S, P> {
             }
         }
         summary.failed += summary.timed_out;
-        for _ in 0..summary.timed_out {
-            self.counters.publish_failed(PublishErrorKind::Retriable);
-        }
+        self.counters
+            .publish_failed(PublishErrorKind::Retriable, summary.timed_out);
         let delivered = dispatched.len();
         match batch.commit(dispatched).await {
             Ok(()) => {

@@ -83,11 +83,7 @@ async fn every_event_reaches_the_broker_once_with_its_headers_in_key_order() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_broker_down_longer_than_the_budget_rolls_back_and_the_relay_keeps_going() {
-    let cluster = MockCluster::new(1).expect("mock cluster");
-    cluster.create_topic("orders", 3, 1).expect("topic");
-    let mut config = KafkaPublisher::config(&cluster.bootstrap_servers());
-    config.set("message.timeout.ms", "400");
-    let publisher = KafkaPublisher::from_config(&config).expect("producer");
+    let (cluster, publisher) = mock_cluster(3, "message.timeout.ms", "400");
     let store = fresh_store(16, 6).await;
     cluster.broker_down(1).expect("broker down");
     let events: Vec<Event> = (0..10)
@@ -133,11 +129,7 @@ async fn a_broker_down_longer_than_the_budget_rolls_back_and_the_relay_keeps_goi
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_message_the_broker_refuses_is_permanent_and_holds_only_its_key() {
-    let cluster = MockCluster::new(1).expect("mock cluster");
-    cluster.create_topic("orders", 1, 1).expect("topic");
-    let mut config = KafkaPublisher::config(&cluster.bootstrap_servers());
-    config.set("message.max.bytes", "2000");
-    let publisher = KafkaPublisher::from_config(&config).expect("producer");
+    let (_cluster, publisher) = mock_cluster(1, "message.max.bytes", "2000");
     let store = fresh_store(1, 6).await;
     commit_each(
         &store,
@@ -174,4 +166,24 @@ async fn a_message_the_broker_refuses_is_permanent_and_holds_only_its_key() {
         "only the other key went out: {report}"
     );
     assert_eq!(store.pending().await.unwrap(), 2);
+}
+
+/// A one-broker mock cluster with the topic `orders` of `partitions` partitions, and a
+/// publisher on it with the outbox's settings plus `setting = value`.
+fn mock_cluster(
+    partitions: i32,
+    setting: &str,
+    value: &str,
+) -> (
+    MockCluster<'static, rdkafka::producer::DefaultProducerContext>,
+    KafkaPublisher,
+) {
+    let cluster = MockCluster::new(1).expect("mock cluster");
+    cluster
+        .create_topic("orders", partitions, 1)
+        .expect("topic");
+    let mut config = KafkaPublisher::config(&cluster.bootstrap_servers());
+    config.set(setting, value);
+    let publisher = KafkaPublisher::from_config(&config).expect("producer");
+    (cluster, publisher)
 }
