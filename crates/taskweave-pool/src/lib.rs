@@ -40,4 +40,6 @@ mod queue;
 pub use batch::{BatchReport, run};
 pub use context::JobContext;
 pub use error::{JobError, JobResult, SubmitError, TrySubmitError};
-pub use pool::{CloseReport, Overflow, PoolMetrics, Results, WorkerPool, WorkerPoolBuilder};
+pub use pool::{
+    CloseReport, MAX_WORKERS, Overflow, PoolMetrics, Results, WorkerPool, WorkerPoolBuilder,
+};

@@ -1,6 +1,7 @@
 //! `reorder_channel`: producers push `(index, value)`, held back while the index is beyond
 //! the window; the receiver yields values in index order.
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -19,9 +20,14 @@ use crate::{MissingIndices, PushError, ReorderBuffer};
 ///
 /// This is where the window's backpressure belongs: a `send` whose index is at or beyond
 /// `next + window` waits (the producer is held back) until the receiver has taken enough
-/// values for it to fit. It cannot deadlock the way holding back a single stream would: the
-/// index the receiver waits for comes from another producer, which is never held back (that
-/// index always fits).
+/// values for it to fit. The index the receiver waits for always fits, so a producer that
+/// has it is never held back. When every sender left is held back, nobody can send the
+/// index in front any more: the receiver then yields an `Err(MissingIndices)` for the
+/// indices it steps over (as few as needed for the lowest held-back index to fit, stopping
+/// at the first value that arrived) and goes on, and the held-back senders go through. So
+/// the channel cannot deadlock: it waits only while some sender that is not held back
+/// could still send the missing index. A skipped index sent later is refused with
+/// [`SendError::Duplicate`].
 ///
 /// # Examples
 ///
@@ -51,6 +57,8 @@ pub fn reorder_channel<T>(window: usize) -> (ReorderSender<T>, ReorderReceiver<T
         state: Mutex::new(State {
             buffer: ReorderBuffer::new(window),
             senders: 1,
+            held_back: BTreeMap::new(),
+            held_count: 0,
             receiver_alive: true,
             gaps_reported: false,
         }),
@@ -78,8 +86,61 @@ struct Shared<T> {
 struct State<T> {
     buffer: ReorderBuffer<T>,
     senders: usize,
+    /// The indices of the sends held back beyond the window, with how many wait on each.
+    held_back: BTreeMap<u64, usize>,
+    /// How many sends are held back: when it equals `senders`, nobody can fill the gap in
+    /// front any more, and the receiver steps over it.
+    held_count: usize,
     receiver_alive: bool,
     gaps_reported: bool,
+}
+
+impl<T> State<T> {
+    /// `true` when every sender left is held back beyond the window: the index the receiver
+    /// waits for can no longer come.
+    fn stalled(&self) -> bool {
+        self.senders > 0 && self.held_count == self.senders
+    }
+
+    fn hold(&mut self, index: u64) {
+        *self.held_back.entry(index).or_insert(0) += 1;
+        self.held_count += 1;
+    }
+
+    fn release(&mut self, index: u64) {
+        if let Some(count) = self.held_back.get_mut(&index) {
+            *count -= 1;
+            if *count == 0 {
+                self.held_back.remove(&index);
+            }
+            self.held_count -= 1;
+        }
+    }
+}
+
+/// A send's registration as held back; dropping it (the send finished or its future was
+/// dropped) takes the registration out.
+struct Hold<'a, T> {
+    shared: &'a Shared<T>,
+    index: u64,
+    held: bool,
+}
+
+impl<T> Hold<'_, T> {
+    /// Takes the registration out under a lock the caller already holds.
+    fn release(&mut self, state: &mut State<T>) {
+        if std::mem::take(&mut self.held) {
+            state.release(self.index);
+        }
+    }
+}
+
+impl<T> Drop for Hold<'_, T> {
+    fn drop(&mut self) {
+        if self.held {
+            self.shared.lock().release(self.index);
+        }
+    }
 }
 
 impl<T> Shared<T> {
@@ -95,7 +156,8 @@ impl<T> Shared<T> {
 #[derive(Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum SendError<T> {
-    /// The index was sent before (or already skipped).
+    /// The index was sent before, or the receiver already stepped over it (every other
+    /// sender was held back, or it was skipped).
     Duplicate {
         /// The index sent twice.
         index: u64,
@@ -157,6 +219,11 @@ impl<T> ReorderSender<T> {
     /// its index then stays missing.
     pub async fn send(&self, index: u64, value: T) -> Result<(), SendError<T>> {
         let mut value = value;
+        let mut hold = Hold {
+            shared: &self.shared,
+            index,
+            held: false,
+        };
         loop {
             // Registered before the attempt: a move of the window in between is not missed.
             let moved_on = self.shared.moved_on.notified();
@@ -165,18 +232,33 @@ impl<T> ReorderSender<T> {
             {
                 let mut state = self.shared.lock();
                 if !state.receiver_alive {
+                    hold.release(&mut state);
                     return Err(SendError::Closed(value));
                 }
                 match state.buffer.push(index, value) {
                     Ok(()) => {
+                        hold.release(&mut state);
                         drop(state);
                         self.shared.receiver.wake();
                         return Ok(());
                     }
                     Err(PushError::Duplicate { index, value }) => {
+                        hold.release(&mut state);
                         return Err(SendError::Duplicate { index, value });
                     }
-                    Err(PushError::BeyondWindow { value: back, .. }) => value = back,
+                    Err(PushError::BeyondWindow { value: back, .. }) => {
+                        value = back;
+                        if !hold.held {
+                            hold.held = true;
+                            state.hold(index);
+                            if state.stalled() {
+                                // Every sender is held back now: the receiver steps over
+                                // the gap in front.
+                                drop(state);
+                                self.shared.receiver.wake();
+                            }
+                        }
+                    }
                 }
             }
             moved_on.await;
@@ -195,12 +277,12 @@ impl<T> Clone for ReorderSender<T> {
 
 impl<T> Drop for ReorderSender<T> {
     fn drop(&mut self) {
-        let last = {
+        let wake = {
             let mut state = self.shared.lock();
             state.senders -= 1;
-            state.senders == 0
+            state.senders == 0 || state.stalled()
         };
-        if last {
+        if wake {
             self.shared.receiver.wake();
         }
     }
@@ -219,6 +301,8 @@ impl<T> fmt::Debug for ReorderSender<T> {
 /// The receiving half of a [`reorder_channel`]: a stream of the values in index order.
 ///
 /// - Yields `Ok(value)` as soon as the next index has arrived.
+/// - When every sender left is held back beyond the window, yields an `Err(MissingIndices)`
+///   for the indices it steps over so that the lowest held-back index fits, then goes on.
 /// - When every sender is gone with gaps left, yields one `Err(MissingIndices)` listing them,
 ///   then the values buffered after the gaps, in order; then it ends.
 /// - Dropping it makes every `send` fail with [`SendError::Closed`].
@@ -263,7 +347,19 @@ impl<T> Stream for ReorderReceiver<T> {
             return Poll::Ready(Some(Ok(value)));
         }
         if state.senders > 0 {
-            return Poll::Pending;
+            if !state.stalled() {
+                return Poll::Pending;
+            }
+            // Every sender left waits beyond the window: the indices in front can no longer
+            // come. Step over them until the lowest held-back index fits, and say so.
+            let lowest = state.held_back.keys().next().copied();
+            let skipped = lowest.and_then(|lowest| state.buffer.skip_until_fits(lowest));
+            drop(state);
+            let Some(missing) = skipped else {
+                return Poll::Pending;
+            };
+            shared.moved_on.notify_waiters();
+            return Poll::Ready(Some(Err(missing)));
         }
         // No sender left, so nobody waits for the window to move.
         let State {

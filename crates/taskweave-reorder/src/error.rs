@@ -2,6 +2,7 @@
 
 use std::error::Error;
 use std::fmt;
+use std::ops::RangeInclusive;
 
 /// Why [`ReorderBuffer::push`](crate::ReorderBuffer::push) refused an item; the item comes
 /// back with the error.
@@ -79,34 +80,58 @@ impl<T> fmt::Display for PushError<T> {
 impl<T> Error for PushError<T> {}
 
 /// Indices that never arrived: returned by
-/// [`ReorderBuffer::finish`](crate::ReorderBuffer::finish) and yielded by the
-/// [`reorder`](crate::reorder) adapter when its input ends with gaps.
+/// [`ReorderBuffer::finish`](crate::ReorderBuffer::finish) and
+/// [`missing`](crate::ReorderBuffer::missing), and yielded by the [`reorder`](crate::reorder)
+/// adapter and the [`reorder_channel`](crate::reorder_channel) receiver when they step over
+/// a gap.
+///
+/// Kept as ranges, so that a gap of any width (`0` missing while `u64::MAX - 1` is buffered)
+/// costs one range, not an entry per index.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct MissingIndices {
-    pub(crate) indices: Vec<u64>,
+    ranges: Vec<RangeInclusive<u64>>,
 }
 
 impl MissingIndices {
+    /// Ascending, non-overlapping, non-adjacent ranges, none empty.
+    pub(crate) fn from_ranges(ranges: Vec<RangeInclusive<u64>>) -> Self {
+        debug_assert!(ranges.iter().all(|range| range.start() <= range.end()));
+        MissingIndices { ranges }
+    }
+
     /// The missing indices, ascending.
+    pub fn indices(&self) -> impl Iterator<Item = u64> + '_ {
+        self.ranges.iter().flat_map(Clone::clone)
+    }
+
+    /// The missing indices as ascending ranges of consecutive indices.
     #[must_use]
-    pub fn indices(&self) -> &[u64] {
-        &self.indices
+    pub fn ranges(&self) -> &[RangeInclusive<u64>] {
+        &self.ranges
+    }
+
+    /// How many indices are missing (saturating at `u64::MAX`).
+    #[must_use]
+    pub fn count(&self) -> u64 {
+        self.ranges.iter().fold(0_u64, |total, range| {
+            total.saturating_add((range.end() - range.start()).saturating_add(1))
+        })
     }
 }
 
 impl fmt::Display for MissingIndices {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self.indices.len() {
+        match self.count() {
             1 => f.write_str("1 index never arrived: ")?,
             n => write!(f, "{n} indices never arrived: ")?,
         }
-        for (i, index) in self.indices.iter().take(10).enumerate() {
+        for (i, index) in self.indices().take(10).enumerate() {
             if i > 0 {
                 f.write_str(", ")?;
             }
             write!(f, "{index}")?;
         }
-        if self.indices.len() > 10 {
+        if self.count() > 10 {
             f.write_str(", …")?;
         }
         Ok(())

@@ -25,6 +25,15 @@ pub enum Overflow {
     DropOldest,
 }
 
+/// The most workers a [`WorkerPool`] accepts: 65,536.
+///
+/// Each worker is a task with a block of counters of its own (128 bytes), allocated when the
+/// pool starts, so a worker count near `usize::MAX` would be an allocation failure (an
+/// abort), not a pool. A concurrency beyond this bound is not a pool's job: bound it with a
+/// semaphore (`taskweave-semaphore`) around spawned tasks. The queue's `capacity` has no
+/// such bound: the queue grows as jobs arrive, so `usize::MAX` means "unbounded".
+pub const MAX_WORKERS: usize = 1 << 16;
+
 pub(crate) type DropHook<J> = Arc<dyn Fn(u64, J) + Send + Sync>;
 
 /// Settings for a [`WorkerPool`]; [`spawn`](Self::spawn) starts it.
@@ -67,6 +76,10 @@ impl<J> WorkerPoolBuilder<J> {
     pub(crate) fn new(workers: usize, capacity: usize) -> Self {
         assert!(workers > 0, "WorkerPool: workers must be greater than zero");
         assert!(
+            workers <= MAX_WORKERS,
+            "WorkerPool: {workers} workers is more than MAX_WORKERS ({MAX_WORKERS})"
+        );
+        assert!(
             capacity > 0,
             "WorkerPool: queue capacity must be greater than zero"
         );
@@ -94,9 +107,14 @@ impl<J> WorkerPoolBuilder<J> {
         self
     }
 
-    /// Called with `(index, job)` for every job dropped by [`Overflow::DropOldest`], on the
-    /// submitter's task, so the caller can log or persist it. Keep it short; it must not
-    /// block.
+    /// Called with `(index, job)` for every job dropped by [`Overflow::DropOldest`] (on the
+    /// submitter's task), and for the unstarted jobs that nobody can be handed any more
+    /// (the last handle dropped after a cancellation, on the task that drops it last), so the
+    /// caller can log or persist them. Keep it short; it must not block.
+    ///
+    /// A panic in it is caught, logged with the job and counted in
+    /// [`PoolMetrics::cleanup_panicked`](crate::PoolMetrics::cleanup_panicked); the job
+    /// still counts as dropped, and the other jobs' callbacks still run.
     #[must_use]
     pub fn on_dropped(mut self, on_dropped: impl Fn(u64, J) + Send + Sync + 'static) -> Self {
         self.on_dropped = Some(Arc::new(on_dropped));

@@ -6,7 +6,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 /// Cumulative counters of a [`WorkerPool`](crate::WorkerPool), plus its current gauges.
 ///
 /// Every accepted job ends in exactly one counter, so once the pool is closed:
-/// `submitted == completed + failed + panicked + dropped + handed_back` (property-tested).
+/// `submitted == completed + failed + panicked + dropped + handed_back + abandoned`
+/// (property-tested; `abandoned` is zero unless the pool's runtime shut down under it).
 /// While it runs, the jobs still `queued` or `in_flight` make up the difference. Rejected
 /// submissions were never accepted and are counted apart.
 ///
@@ -30,6 +31,16 @@ pub struct PoolMetrics {
     /// Queued jobs handed back by a close after cancellation or a deadline (or after the
     /// worker tasks were dropped, their runtime shut down).
     pub handed_back: u64,
+    /// Jobs whose handler was running when its worker task was dropped (its runtime shut
+    /// down): they never finished, and nothing more is known of them. `in_flight` does not
+    /// count them.
+    pub abandoned: u64,
+    /// Panics of user code that ran on a worker or in a drop callback outside a handler:
+    /// dropping a job's output or error, an error's `Display` in the log, the `on_dropped`
+    /// callback, dropping a job that never ran. Each is caught and logged with its job, and
+    /// the job keeps the outcome it was counted with: this is not a job counter, and the
+    /// worker keeps serving.
+    pub cleanup_panicked: u64,
     /// Jobs accepted and not started: waiting in the queue, or taken by a worker after the
     /// token was cancelled and waiting to be handed back by `close`.
     pub queued: u64,
@@ -83,6 +94,7 @@ pub(crate) struct Counters {
     pub(crate) rejected: AtomicU64,
     pub(crate) dropped: AtomicU64,
     pub(crate) handed_back: AtomicU64,
+    pub(crate) cleanup_panicked: AtomicU64,
     pub(crate) workers_alive: AtomicU64,
     pub(crate) workers: Box<[WorkerCounters]>,
 }
@@ -97,6 +109,23 @@ pub(crate) struct WorkerCounters {
     failed: AtomicU64,
     panicked: AtomicU64,
     interrupted: AtomicU64,
+    /// 0 or 1: the handler this worker was running when its task was dropped.
+    abandoned: AtomicU64,
+}
+
+impl WorkerCounters {
+    /// Called by the worker's exit steps: a job it started and never finished was
+    /// abandoned. Only the worker writes its counters, and its exit steps run after its last
+    /// poll, so the plain loads see its own stores.
+    pub(crate) fn abandon_running(&self) {
+        let started = self.started.load(Ordering::Acquire);
+        let finished = self.completed.load(Ordering::Acquire)
+            + self.failed.load(Ordering::Acquire)
+            + self.panicked.load(Ordering::Acquire);
+        if started > finished {
+            self.abandoned.store(started - finished, Ordering::Release);
+        }
+    }
 }
 
 /// A worker's own copy of its counters; `publish_*` store the new totals.
@@ -163,13 +192,14 @@ impl Counters {
     pub(crate) fn snapshot(&self, queued: usize) -> PoolMetrics {
         let load = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
         let acquire = |counter: &AtomicU64| counter.load(Ordering::Acquire);
-        let (mut started, mut completed, mut failed, mut panicked) = (0, 0, 0, 0);
+        let (mut started, mut completed, mut failed, mut panicked, mut abandoned) = (0, 0, 0, 0, 0);
         for worker in &self.workers {
             // Finished counts first (Acquire), then started: a job never looks finished but
             // not started.
             completed += acquire(&worker.completed);
             failed += acquire(&worker.failed);
             panicked += acquire(&worker.panicked);
+            abandoned += acquire(&worker.abandoned);
             started += acquire(&worker.started);
         }
         PoolMetrics {
@@ -180,8 +210,10 @@ impl Counters {
             rejected: load(&self.rejected),
             dropped: load(&self.dropped),
             handed_back: load(&self.handed_back),
+            abandoned,
+            cleanup_panicked: load(&self.cleanup_panicked),
             queued: queued as u64,
-            in_flight: started.saturating_sub(completed + failed + panicked),
+            in_flight: started.saturating_sub(completed + failed + panicked + abandoned),
             workers_alive: load(&self.workers_alive),
         }
     }

@@ -7,6 +7,7 @@ mod worker;
 
 use std::fmt;
 use std::future::Future;
+use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -14,7 +15,7 @@ use std::time::Duration;
 use taskweave_supervise::{PanicError, Supervisor, TaskName};
 use tokio_util::sync::CancellationToken;
 
-pub use builder::{Overflow, WorkerPoolBuilder};
+pub use builder::{MAX_WORKERS, Overflow, WorkerPoolBuilder};
 pub use metrics::{CloseReport, PoolMetrics};
 pub use results::Results;
 
@@ -33,14 +34,19 @@ use metrics::Counters;
 ///   per [`Overflow`]); [`try_submit`](Self::try_submit) never waits and hands the job back
 ///   when the queue is full or the pool closed.
 /// - A handler that fails is counted; one that panics is caught, logged with the job's index
-///   and backtrace, and counted; its worker keeps serving, so the pool never shrinks.
+///   and backtrace, and counted; its worker keeps serving, so the pool never shrinks. The
+///   same holds for every other piece of user code that runs on a worker: dropping a job's
+///   output or error, an error's `Display`, the `on_dropped` callback, dropping a job that
+///   never ran (counted in [`PoolMetrics::cleanup_panicked`]).
 /// - [`close`](Self::close) is idempotent: intake stops, queued jobs finish, and it resolves
 ///   when every worker has exited. [`close_within`](Self::close_within) does the same until a
 ///   deadline, then cancels the running handlers' token and hands back every job that never
 ///   started. Cancelling the pool's token stops intake the same way.
 /// - [`results`](Self::results) (when enabled) streams `(index, outcome)` in completion order.
 /// - Nothing is lost silently: every accepted job is completed, failed, panicked, dropped (and
-///   handed to the `on_dropped` callback) or handed back (see [`PoolMetrics`]).
+///   handed to the `on_dropped` callback) or handed back (see [`PoolMetrics`]); a job whose
+///   handler was running when the runtime shut down under the pool is counted as
+///   abandoned.
 ///
 /// Jobs run on the pool's own worker tasks, so a submitter that awaits something else never
 /// stalls them (unlike `buffer_unordered`, whose futures only progress while the stream is
@@ -134,9 +140,27 @@ impl<J, R, E> Shared<J, R, E> {
         }
         Counters::add(&self.counters.dropped, leftovers.len() as u64);
         tracing::warn!(pool = %self.name, jobs = leftovers.len(), "pool dropped after cancellation without close: unstarted jobs dropped");
-        if let Some(on_dropped) = &self.on_dropped {
-            for (index, job) in leftovers {
-                on_dropped(index, job);
+        for (index, job) in leftovers {
+            self.discard(index, job);
+        }
+    }
+
+    /// Hands a dropped job to `on_dropped`, or drops it. Both run user code, which may panic:
+    /// the panic is caught, counted in `cleanup_panicked` and logged with the job, so that the
+    /// caller's bookkeeping (and the other jobs' callbacks) go on.
+    pub(crate) fn discard(&self, index: u64, job: J) {
+        let hook = self.on_dropped.as_deref();
+        let outcome = std::panic::catch_unwind(AssertUnwindSafe(move || match hook {
+            Some(on_dropped) => on_dropped(index, job),
+            None => drop(job),
+        }));
+        if let Err(payload) = outcome {
+            Counters::add(&self.counters.cleanup_panicked, 1);
+            let panic = PanicError::from_payload(self.name.clone(), payload.as_ref());
+            log_cleanup_panic(&self.name, index, "dropping a job that never ran", &panic);
+            // A payload whose own `Drop` panics is forgotten rather than let loose here.
+            if let Err(nested) = std::panic::catch_unwind(AssertUnwindSafe(move || drop(payload))) {
+                std::mem::forget(nested);
             }
         }
     }
@@ -147,7 +171,7 @@ impl WorkerPool<(), (), ()> {
     ///
     /// # Panics
     ///
-    /// Panics if `workers` or `capacity` is zero.
+    /// Panics if `workers` or `capacity` is zero, or `workers` is above [`MAX_WORKERS`].
     #[must_use]
     pub fn builder<J>(workers: usize, capacity: usize) -> WorkerPoolBuilder<J> {
         WorkerPoolBuilder::new(workers, capacity)
@@ -166,7 +190,8 @@ where
     ///
     /// # Panics
     ///
-    /// Panics if `workers` or `capacity` is zero, or when called outside a tokio runtime.
+    /// Panics if `workers` or `capacity` is zero, `workers` is above [`MAX_WORKERS`], or when
+    /// called outside a tokio runtime.
     pub fn new<H, Fut>(
         token: CancellationToken,
         workers: usize,
@@ -220,8 +245,8 @@ where
         let handler = Arc::new(handler);
         Counters::add(&shared.counters.workers_alive, settings.workers as u64);
         for worker in 0..settings.workers {
-            let exit = worker::WorkerExit::new(Arc::clone(&shared));
-            let task = worker::work(exit, worker, Arc::clone(&handler));
+            let exit = worker::WorkerExit::new(Arc::clone(&shared), worker);
+            let task = worker::work(exit, Arc::clone(&handler));
             let name = format!("{}-worker-{worker}", shared.name);
             if shared.workers.spawn(name, task).is_err() {
                 // Let the workers already spawned drain and exit before giving up.
@@ -384,9 +409,7 @@ where
         let shared = &self.handle.shared;
         Counters::add(&shared.counters.dropped, 1);
         tracing::debug!(pool = %shared.name, job = index, "queue full: oldest job dropped");
-        if let Some(on_dropped) = &shared.on_dropped {
-            on_dropped(index, job);
-        }
+        shared.discard(index, job);
     }
 
     /// Takes the results stream, if it was enabled with
@@ -646,6 +669,17 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     // These locks only guard moves in and out of a `Vec` or an `Option`: a poisoned one is
     // still consistent.
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Logs a caught panic of user code that ran for a job outside its handler.
+pub(crate) fn log_cleanup_panic(pool: &str, index: u64, doing: &str, panic: &PanicError) {
+    tracing::error!(
+        pool = %pool,
+        job = index,
+        panic = %panic.message(),
+        location = panic.location().unwrap_or("unknown"),
+        "panic while {doing}: caught, the worker goes on"
+    );
 }
 
 /// Logs a caught handler panic with the pool's name and the job's index.

@@ -163,8 +163,9 @@ proptest! {
         prop_assert_eq!(m.submitted + refused, total);
         prop_assert_eq!(
             m.submitted,
-            m.completed + m.failed + m.panicked + m.dropped + m.handed_back
+            m.completed + m.failed + m.panicked + m.dropped + m.handed_back + m.abandoned
         );
+        prop_assert_eq!(m.abandoned, 0, "no runtime shut down under the pool");
         prop_assert_eq!(m.handed_back, handed_back as u64);
         prop_assert_eq!((m.queued, m.in_flight, m.workers_alive), (0, 0, 0));
         if overflow != Overflow::DropOldest {

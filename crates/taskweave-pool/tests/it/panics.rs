@@ -95,3 +95,158 @@ async fn a_panic_is_logged_with_the_pool_name_and_the_job_index() {
     assert!(line.contains("panic=bad invoice"), "{line}");
     assert!(line.contains("backtrace="), "{line}");
 }
+
+/// A value whose `Drop` panics: user code the pool runs when it drops a job's outcome.
+struct Bomb(u32);
+
+impl Drop for Bomb {
+    fn drop(&mut self) {
+        panic!("bomb {} went off in drop", self.0);
+    }
+}
+
+impl std::fmt::Display for Bomb {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "bomb {}", self.0)
+    }
+}
+
+#[tokio::test]
+async fn a_panicking_drop_of_an_output_or_error_never_kills_the_worker() {
+    // One worker, no results stream: every outcome is dropped on the worker.
+    let pool = WorkerPool::new(
+        CancellationToken::new(),
+        1,
+        8,
+        |_context, job: u32| async move {
+            if job.is_multiple_of(2) {
+                Ok(Bomb(job))
+            } else {
+                Err(Bomb(job))
+            }
+        },
+    );
+    for job in 0..3 {
+        pool.try_submit(job).unwrap();
+    }
+    while pool.metrics().cleanup_panicked < 3 {
+        tokio::task::yield_now().await;
+    }
+    // The worker is still there and the pool still takes jobs.
+    let m = pool.metrics();
+    assert_eq!(
+        (m.workers_alive, m.completed, m.failed, m.panicked),
+        (1, 2, 1, 0)
+    );
+    assert!(!pool.is_closed(), "nobody closed the pool");
+    pool.try_submit(4).unwrap();
+    let report = pool.close().await;
+    assert!(
+        report.handed_back.is_empty(),
+        "close lets queued jobs finish"
+    );
+    let m = report.metrics;
+    assert_eq!((m.completed, m.failed, m.cleanup_panicked), (3, 1, 4));
+    crate::support::assert_books_balance(&m, "after close");
+}
+
+#[tokio::test]
+async fn a_panicking_drop_after_the_results_stream_was_dropped_never_kills_the_worker() {
+    let pool = WorkerPool::builder(1, 8)
+        .results(1)
+        .spawn(CancellationToken::new(), |_context, job: u32| async move {
+            Ok::<_, String>(Bomb(job))
+        });
+    drop(pool.results().unwrap());
+    for job in 0..3 {
+        pool.try_submit(job).unwrap();
+    }
+    let report = pool.close().await;
+    assert!(report.handed_back.is_empty());
+    assert_eq!(
+        (report.metrics.completed, report.metrics.cleanup_panicked),
+        (3, 3)
+    );
+}
+
+#[tokio::test]
+async fn a_panicking_on_dropped_callback_is_caught_and_the_job_still_counts_as_dropped() {
+    let pool = WorkerPool::builder(1, 1)
+        .overflow(taskweave_pool::Overflow::DropOldest)
+        .on_dropped(|index, _job: u32| panic!("on_dropped for job {index} exploded"))
+        .spawn(CancellationToken::new(), |_context, job: u32| async move {
+            Ok::<_, String>(job)
+        });
+    // Nothing runs until this task yields: the second and third submits each evict one.
+    for job in 0..3 {
+        pool.try_submit(job).unwrap();
+    }
+    let report = pool.close().await;
+    let m = report.metrics;
+    assert_eq!((m.completed, m.dropped, m.cleanup_panicked), (1, 2, 2));
+    crate::support::assert_books_balance(&m, "after close");
+}
+
+#[tokio::test]
+async fn every_leftover_gets_its_callback_when_one_callback_panics() {
+    // The pool is dropped after a cancellation without a close: its unstarted jobs go to
+    // `on_dropped`, one by one; the panic of one callback must not skip the others, nor
+    // escape into the code that dropped the pool.
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let token = CancellationToken::new();
+    let pool = WorkerPool::builder(1, 8)
+        .on_dropped({
+            let seen = Arc::clone(&seen);
+            move |index, _job: u32| {
+                seen.lock().unwrap().push(index);
+                assert!(index != 2, "on_dropped for job {index} exploded");
+            }
+        })
+        .spawn(token.clone(), |context, _job: u32| async move {
+            context.cancelled().await;
+            Ok::<_, String>(())
+        });
+    for job in 0..4 {
+        pool.try_submit(job).unwrap();
+    }
+    while pool.in_flight() < 1 {
+        tokio::task::yield_now().await;
+    }
+    token.cancel();
+    while pool.metrics().workers_alive > 0 {
+        tokio::task::yield_now().await;
+    }
+    drop(pool);
+    assert_eq!(*seen.lock().unwrap(), [1, 2, 3]);
+}
+
+#[test]
+fn a_job_running_when_the_runtime_shuts_down_is_counted_as_abandoned() {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let pool = runtime.block_on(async {
+        let pool = WorkerPool::new(CancellationToken::new(), 1, 8, |_context, _job: u32| {
+            std::future::pending::<Result<(), String>>()
+        });
+        for job in 0..5 {
+            pool.try_submit(job).unwrap();
+        }
+        while pool.in_flight() < 1 {
+            tokio::task::yield_now().await;
+        }
+        pool
+    });
+    runtime.shutdown_timeout(std::time::Duration::from_secs(5));
+    let other = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    let report = other.block_on(pool.close());
+    let m = report.metrics;
+    assert_eq!((m.submitted, m.completed, m.abandoned), (5, 0, 1));
+    assert_eq!(report.handed_back.len(), 4);
+    assert_eq!((m.in_flight, m.workers_alive, m.queued), (0, 0, 0));
+    crate::support::assert_books_balance(&m, "after the runtime shut down");
+}

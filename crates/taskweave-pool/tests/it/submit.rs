@@ -354,6 +354,26 @@ async fn zero_capacity_is_a_programmer_error() {
 }
 
 #[test]
+#[should_panic(expected = "workers is more than MAX_WORKERS (65536)")]
+fn a_worker_count_near_usize_max_is_refused_before_anything_is_allocated() {
+    let _ = WorkerPool::builder::<u8>(usize::MAX, 1);
+}
+
+#[tokio::test]
+async fn max_workers_itself_is_a_working_pool() {
+    let pool = WorkerPool::new(
+        CancellationToken::new(),
+        taskweave_pool::MAX_WORKERS,
+        usize::MAX,
+        |_t, j: u8| async move { Ok::<_, String>(j) },
+    );
+    pool.try_submit(1).unwrap();
+    let report = pool.close().await;
+    assert_eq!(report.metrics.completed, 1);
+    assert_eq!(report.metrics.workers_alive, 0);
+}
+
+#[test]
 #[should_panic(expected = "results capacity must be greater than zero")]
 fn zero_results_capacity_is_a_programmer_error() {
     let _ = WorkerPool::builder::<u8>(1, 1).results(0);

@@ -25,12 +25,12 @@ impl Gate {
 }
 
 /// Every accepted job is accounted for exactly once:
-/// `submitted == completed + failed + panicked + dropped + handed_back`.
+/// `submitted == completed + failed + panicked + dropped + handed_back + abandoned`.
 #[track_caller]
 pub(crate) fn assert_books_balance(m: &PoolMetrics, context: &str) {
     assert_eq!(
         m.submitted,
-        m.completed + m.failed + m.panicked + m.dropped + m.handed_back,
+        m.completed + m.failed + m.panicked + m.dropped + m.handed_back + m.abandoned,
         "{context}: {m:?}"
     );
 }

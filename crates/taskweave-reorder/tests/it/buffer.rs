@@ -70,12 +70,80 @@ fn gaps_are_listed_and_can_be_skipped() {
         buffer.push(index, index).unwrap();
     }
     assert_eq!(buffer.pop(), Some(10));
-    assert_eq!(buffer.missing(), [11, 13, 14]);
+    assert_eq!(buffer.missing().indices().collect::<Vec<_>>(), [11, 13, 14]);
     let missing = buffer.finish().unwrap_err();
-    assert_eq!(missing.indices(), [11, 13, 14]);
+    assert_eq!(missing.indices().collect::<Vec<_>>(), [11, 13, 14]);
+    assert_eq!(missing.ranges(), [11..=11, 13..=14]);
+    assert_eq!(missing.count(), 3);
     assert_eq!(missing.to_string(), "3 indices never arrived: 11, 13, 14");
     assert_eq!(buffer.skip(), None, "11 never came");
     assert_eq!(buffer.pop(), Some(12));
+}
+
+#[test]
+fn the_top_of_the_index_range_pops_without_overflow() {
+    let mut buffer = ReorderBuffer::starting_at(u64::MAX - 1, 4);
+    buffer.push(u64::MAX, 'b').unwrap();
+    buffer.push(u64::MAX - 1, 'a').unwrap();
+    assert_eq!(buffer.pop(), Some('a'));
+    assert!(!buffer.is_exhausted());
+    assert_eq!(buffer.pop(), Some('b'));
+    assert!(buffer.is_exhausted(), "no index is left after u64::MAX");
+    assert_eq!(buffer.next_index(), u64::MAX);
+    assert_eq!(buffer.pop(), None);
+    assert_eq!(buffer.skip(), None);
+    assert!(!buffer.fits(u64::MAX));
+    assert!(matches!(
+        buffer.push(u64::MAX, 'c'),
+        Err(PushError::Duplicate {
+            index: u64::MAX,
+            ..
+        })
+    ));
+    assert!(buffer.finish().is_ok());
+}
+
+#[test]
+fn skipping_u64_max_exhausts_the_buffer() {
+    let mut buffer = ReorderBuffer::<u8>::starting_at(u64::MAX, 1);
+    assert_eq!(buffer.skip(), None);
+    assert!(buffer.is_exhausted());
+    assert!(buffer.push(u64::MAX, 1).is_err());
+}
+
+#[test]
+fn a_huge_window_with_a_far_index_holds_one_entry_not_a_slot_per_index() {
+    let mut buffer = ReorderBuffer::new(usize::MAX);
+    buffer.push(u64::MAX - 1, "far").unwrap();
+    buffer.push(1 << 40, "middle").unwrap();
+    buffer.push(1, "near").unwrap();
+    assert_eq!(buffer.len(), 3);
+    assert!(matches!(
+        buffer.push(1 << 40, "again"),
+        Err(PushError::Duplicate { .. })
+    ));
+    // The gaps are ranges, however wide.
+    let missing = buffer.missing();
+    assert_eq!(
+        missing.ranges(),
+        [0..=0, 2..=(1 << 40) - 1, (1 << 40) + 1..=u64::MAX - 2]
+    );
+    // Every index below u64::MAX - 1 but the three buffered.
+    assert_eq!(missing.count(), u64::MAX - 3);
+    let text = missing.to_string();
+    let expected = format!("{} indices never arrived: 0, 2, 3, 4,", u64::MAX - 3);
+    assert!(text.starts_with(&expected), "{text}");
+    assert_eq!(buffer.skip(), None, "0 never came");
+    assert_eq!(buffer.pop(), Some("near"));
+    assert_eq!(buffer.pop(), None);
+    // The far values come out once their turn comes.
+    let mut buffer = ReorderBuffer::starting_at(u64::MAX - 2, usize::MAX);
+    buffer.push(u64::MAX, 'z').unwrap();
+    buffer.push(u64::MAX - 2, 'x').unwrap();
+    buffer.push(u64::MAX - 1, 'y').unwrap();
+    let out: Vec<char> = std::iter::from_fn(|| buffer.pop()).collect();
+    assert_eq!(out, ['x', 'y', 'z']);
+    assert!(buffer.is_exhausted());
 }
 
 #[test]
@@ -85,6 +153,49 @@ fn a_zero_window_panics() {
 }
 
 proptest! {
+    /// Indices spread far apart (so that some sit in the far map and some in the ring),
+    /// pushed in any order with pops and skips in between: the buffer behaves as a plain
+    /// ordered map of the indices at or after `next`.
+    #[test]
+    fn far_and_near_indices_behave_as_an_ordered_map(
+        offsets in proptest::collection::vec(0_u64..5_000, 1..60),
+        ops in proptest::collection::vec(0_u8..4, 1..200),
+    ) {
+        let mut buffer = ReorderBuffer::new(usize::MAX);
+        let mut model = std::collections::BTreeMap::new();
+        let mut next = 0_u64;
+        let mut pending: Vec<u64> = offsets.iter().map(|offset| offset * offset).collect();
+        for op in ops {
+            match op {
+                0 | 1 => {
+                    if let Some(index) = pending.pop() {
+                        let expect_ok = index >= next && !model.contains_key(&index);
+                        prop_assert_eq!(buffer.push(index, index).is_ok(), expect_ok);
+                        if expect_ok {
+                            model.insert(index, index);
+                        }
+                    }
+                }
+                2 => {
+                    let expected = model.remove(&next);
+                    prop_assert_eq!(buffer.pop(), expected);
+                    if expected.is_some() {
+                        next += 1;
+                    }
+                }
+                _ => {
+                    prop_assert_eq!(buffer.skip(), model.remove(&next));
+                    next += 1;
+                }
+            }
+            prop_assert_eq!(buffer.next_index(), next);
+            prop_assert_eq!(buffer.len(), model.len());
+            let highest = model.keys().next_back().copied();
+            let missing: u64 = highest.map_or(0, |highest| highest - next + 1 - model.len() as u64);
+            prop_assert_eq!(buffer.missing().count(), missing);
+        }
+    }
+
     /// Producers that hold an item back while it is beyond the window: every index comes
     /// out exactly once, in order, and the buffer never holds more than its window.
     #[test]

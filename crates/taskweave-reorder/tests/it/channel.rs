@@ -48,8 +48,102 @@ async fn gaps_left_by_the_producers_are_reported_then_the_rest_follows() {
     drop(tx);
     let out: Vec<_> = rx.collect().await;
     assert_eq!(out[0], Ok(0));
-    assert_eq!(out[1].as_ref().unwrap_err().indices(), [1, 4, 5]);
+    let missing = out[1].as_ref().unwrap_err();
+    assert_eq!(missing.indices().collect::<Vec<_>>(), [1, 4, 5]);
     assert_eq!(out[2..], [Ok(2), Ok(3), Ok(6)]);
+}
+
+#[tokio::test]
+async fn a_gap_nobody_can_fill_is_reported_when_every_sender_left_is_held_back() {
+    // Window 2: the sender of index 5 waits; the only other sender is dropped without
+    // sending index 0. Nobody can send 0 any more: the receiver steps over 0..=3 so that 5
+    // fits, says so, and goes on.
+    let (tx, mut rx) = reorder_channel::<char>(2);
+    let other = tx.clone();
+    let far = tokio::spawn({
+        let tx = tx.clone();
+        async move { tx.send(5, 'f').await }
+    });
+    drop(tx);
+    tokio::task::yield_now().await;
+    drop(other);
+    let missing = rx.next().await.unwrap().unwrap_err();
+    assert_eq!(missing.ranges(), [0..=3]);
+    far.await.unwrap().unwrap();
+    // Every sender is gone now: 4 is reported at the end, then 5 follows.
+    let rest: Vec<_> = rx.collect().await;
+    assert_eq!(rest.len(), 2);
+    assert_eq!(rest[0].as_ref().unwrap_err().ranges(), [4..=4]);
+    assert_eq!(rest[1], Ok('f'));
+}
+
+#[tokio::test]
+async fn a_step_over_a_gap_stops_at_the_first_value_that_arrived() {
+    let (tx, mut rx) = reorder_channel::<char>(3);
+    tx.send(2, 'c').await.unwrap();
+    let held = tokio::spawn({
+        let tx = tx.clone();
+        async move { tx.send(4, 'e').await }
+    });
+    drop(tx);
+    // 0 and 1 can no longer come; 2 arrived: the skip stops there.
+    let missing = rx.next().await.unwrap().unwrap_err();
+    assert_eq!(missing.ranges(), [0..=1]);
+    assert_eq!(rx.next().await, Some(Ok('c')));
+    held.await.unwrap().unwrap();
+    // The sender of 4 is gone: 3 is reported at the end, then 4 follows.
+    let rest: Vec<_> = rx.collect().await;
+    assert_eq!(rest.len(), 2);
+    assert_eq!(rest[0].as_ref().unwrap_err().ranges(), [3..=3]);
+    assert_eq!(rest[1], Ok('e'));
+}
+
+#[tokio::test]
+async fn a_sender_that_is_not_held_back_keeps_the_receiver_waiting_for_it() {
+    let (tx, mut rx) = reorder_channel::<char>(2);
+    let mut far = task::spawn(tx.send(5, 'f'));
+    assert_pending!(far.poll());
+    let idle = tx.clone();
+    let mut next = task::spawn(rx.next());
+    assert_pending!(next.poll(), "`idle` could still send 0");
+    // A held-back send that is dropped no longer counts as held back.
+    drop(far);
+    drop(tx);
+    assert_pending!(next.poll(), "`idle` could still send 0");
+    idle.send(0, 'a').await.unwrap();
+    assert!(next.is_woken());
+    assert_eq!(assert_ready!(next.poll()), Some(Ok('a')));
+    drop(next);
+    let late = idle.send(1, 'b');
+    late.await.unwrap();
+    drop(idle);
+    assert_eq!(rx.next().await, Some(Ok('b')));
+    assert_eq!(rx.next().await, None);
+}
+
+#[tokio::test]
+async fn an_index_stepped_over_and_sent_later_is_a_duplicate() {
+    let (tx, mut rx) = reorder_channel::<char>(1);
+    let late = tx.clone();
+    let held = tokio::spawn(async move { tx.send(1, 'b').await });
+    let mut next = task::spawn(rx.next());
+    assert_pending!(next.poll(), "`late` could still send 0");
+    // `late` is held back too now: every sender left is, so 0 is stepped over.
+    let mut far = task::spawn(late.send(3, 'd'));
+    assert_pending!(far.poll());
+    while !next.is_woken() {
+        tokio::task::yield_now().await;
+    }
+    let missing = assert_ready!(next.poll()).unwrap().unwrap_err();
+    assert_eq!(missing.ranges(), [0..=0]);
+    drop(next);
+    held.await.unwrap().unwrap();
+    assert_eq!(rx.next().await, Some(Ok('b')));
+    drop(far);
+    assert!(matches!(
+        late.send(0, 'a').await,
+        Err(SendError::Duplicate { index: 0, .. })
+    ));
 }
 
 proptest! {
