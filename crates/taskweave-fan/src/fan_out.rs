@@ -13,6 +13,11 @@ use futures::{Stream, StreamExt};
 use taskweave_supervise::{TaskName, TokenWatch, catch_panic};
 use tokio_util::sync::{CancellationToken, DropGuard};
 
+/// The most copies of a stage [`fan_out`] runs: 65,536. Each copy is a task, and the output
+/// channel (allocated up front) holds two items per copy, so a count near `usize::MAX` would
+/// be an allocation failure (an abort), not a fan-out.
+pub const MAX_WORKERS: usize = 1 << 16;
+
 /// Runs `workers` copies of `stage` over the items of `input`, each item processed exactly
 /// once by whichever copy is free, and merges their outputs into one stream.
 ///
@@ -50,7 +55,8 @@ use tokio_util::sync::{CancellationToken, DropGuard};
 ///
 /// # Panics
 ///
-/// Panics if `workers` is zero, or when called outside a tokio runtime.
+/// Panics if `workers` is zero or above [`MAX_WORKERS`], or when called outside a tokio
+/// runtime.
 pub fn fan_out<S, F, Fut>(
     token: CancellationToken,
     input: S,
@@ -65,6 +71,10 @@ where
     Fut::Output: Send + 'static,
 {
     assert!(workers > 0, "fan_out: workers must be greater than zero");
+    assert!(
+        workers <= MAX_WORKERS,
+        "fan_out: {workers} workers is more than MAX_WORKERS ({MAX_WORKERS})"
+    );
     let token = token.child_token();
     let (out_tx, out_rx) = async_channel::bounded(workers.saturating_mul(2));
     let panicked = Arc::new(AtomicU64::new(0));

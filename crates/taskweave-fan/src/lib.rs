@@ -27,5 +27,5 @@
 mod fan_out;
 mod merge;
 
-pub use fan_out::{FanOut, fan_out};
+pub use fan_out::{FanOut, MAX_WORKERS, fan_out};
 pub use merge::{Merge, merge};

@@ -209,7 +209,7 @@ impl<L: Send + 'static, E: Send + 'static> CollectGroup<L, E> {
                 Err(error) => {
                     let id = error.id();
                     let panic = if error.is_panic() {
-                        PanicError::from_payload("collect-task", error.into_panic().as_ref())
+                        PanicError::from_panic("collect-task", error.into_panic())
                     } else {
                         PanicError::from_payload("collect-task", &"the task was aborted")
                     };

@@ -183,13 +183,16 @@ impl<E: Send + 'static> TaskGroup<E> {
                 Ok(Err(error)) => TaskFailure::Failed(error),
                 Err(panic) => TaskFailure::Panicked(panic),
             };
-            record_first(&shared.first, failure);
+            let later = record_first(&shared.first, failure);
             // Only after the failure is recorded: a sibling that fails because of this
             // cancellation always comes second.
             shared.token.cancel();
             // And the slot is freed only after that (it is dropped with the task's future):
             // a spawn waiting for it then sees the group cancelled, like Go's errgroup.
             drop(permit);
+            // A later failure is dropped last: its `Drop` is user code, and if it panics, the
+            // books are already kept (`wait` sees a panicked task and goes on).
+            drop(later);
         });
     }
 
@@ -212,8 +215,13 @@ impl<E: Send + 'static> TaskGroup<E> {
             if let Err(error) = joined
                 && error.is_panic()
             {
-                let panic = PanicError::from_payload("group-task", error.into_panic().as_ref());
-                record_first(&self.shared.first, TaskFailure::Panicked(panic));
+                let panic = PanicError::from_panic("group-task", error.into_panic());
+                drop(record_first(
+                    &self.shared.first,
+                    TaskFailure::Panicked(panic),
+                ));
+                // As for a failure inside the task: the siblings are told to stop.
+                self.shared.token.cancel();
             }
         }
         self.token.cancel();
@@ -224,12 +232,19 @@ impl<E: Send + 'static> TaskGroup<E> {
     }
 }
 
-fn record_first<E>(first: &Mutex<Option<TaskFailure<E>>>, failure: TaskFailure<E>) {
+/// Keeps `failure` if it is the first; otherwise hands it back, for the caller to drop
+/// outside the lock and after its own bookkeeping.
+fn record_first<E>(
+    first: &Mutex<Option<TaskFailure<E>>>,
+    failure: TaskFailure<E>,
+) -> Option<TaskFailure<E>> {
     let mut slot = lock(first);
     if slot.is_none() {
         *slot = Some(failure);
+        None
     } else {
         tracing::debug!("task group: a later failure is dropped; the first one wins");
+        Some(failure)
     }
 }
 

@@ -235,7 +235,7 @@ where
                 // The call's future panicked in its destructor (or was aborted): report it
                 // against its item rather than leave the item looking unstarted.
                 let panic = if error.is_panic() {
-                    PanicError::from_payload("map-call", error.into_panic().as_ref())
+                    PanicError::from_panic("map-call", error.into_panic())
                 } else {
                     PanicError::from_payload("map-call", &"the call was aborted")
                 };

@@ -325,7 +325,18 @@ async fn evict_idle<K: Hash + Eq>(
         let Some(inner) = limiter.upgrade() else {
             return;
         };
-        let removed = inner.evict_idle();
+        // Dropping, hashing and comparing keys is user code: a panic there must not end
+        // the sweep for good (later sweeps retry; the shard's lock tolerates the poison).
+        let swept = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| inner.evict_idle()));
+        let removed = match swept {
+            Ok(removed) => removed,
+            Err(payload) => {
+                let panic =
+                    taskweave_supervise::PanicError::from_panic("keyed-limiter-sweep", payload);
+                tracing::error!(panic = %panic.message(), "keyed limiter: a key panicked during the idle sweep; the sweep goes on");
+                0
+            }
+        };
         if removed > 0 {
             tracing::debug!(removed, "keyed limiter: idle keys evicted");
         }

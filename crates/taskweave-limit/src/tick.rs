@@ -105,7 +105,7 @@ impl TickLimiter {
                 return Err(WaitError::Closed);
             }
             let slot = state.next.max(Instant::now());
-            state.next = slot + self.inner.period;
+            state.next = after(slot, self.inner.period);
             slot
         };
         let mut guard = SlotGuard {
@@ -160,11 +160,19 @@ impl Drop for SlotGuard<'_> {
     fn drop(&mut self) {
         if let Some(slot) = self.slot {
             let mut state = self.limiter.state();
-            if state.next == slot + self.limiter.inner.period {
+            if state.next == after(slot, self.limiter.inner.period) {
                 state.next = slot;
             }
         }
     }
+}
+
+/// The slot one period after `slot`. A period too long for the clock (`Duration::MAX`)
+/// puts the next slot 30 years ahead, which is never in practice: the first wait goes
+/// through and later ones wait, instead of an overflow panic.
+fn after(slot: Instant, period: Duration) -> Instant {
+    slot.checked_add(period)
+        .unwrap_or_else(|| slot + Duration::from_secs(60 * 60 * 24 * 365 * 30))
 }
 
 impl fmt::Debug for TickLimiter {

@@ -305,32 +305,39 @@ impl Periodic {
         Fut::Output: RunOutcome,
     {
         let run_token = token.child_token();
-        // The job is called inside the caught future, so a panic in the closure itself (not
-        // only in the future it returns) is isolated too.
+        // Everything that runs user code happens inside the caught future: calling the job
+        // (a panic in the closure itself is isolated too), dropping its future when the
+        // timeout fires, formatting a failure, and dropping the outcome. A panic in any of
+        // them is a panicked run, and the schedule goes on.
         let job_token = run_token.clone();
-        let run = catch_panic(self.name.clone(), async move { job(job_token).await });
-        let caught = match self.timeout {
-            None => run.await,
-            Some(limit) => match tokio::time::timeout(limit, run).await {
-                Ok(caught) => caught,
-                Err(_elapsed) => {
-                    run_token.cancel();
-                    report.timed_out += 1;
-                    tracing::warn!(runner = %self.name, timeout = ?limit, "periodic run timed out");
-                    return;
+        let limit = self.timeout;
+        let name = &self.name;
+        let run = catch_panic(self.name.clone(), async move {
+            let outcome = match limit {
+                None => job(job_token).await,
+                Some(limit) => match tokio::time::timeout(limit, job(job_token)).await {
+                    Ok(outcome) => outcome,
+                    Err(_elapsed) => return Ran::TimedOut(limit),
+                },
+            };
+            match outcome.failure() {
+                Some(error) => {
+                    tracing::warn!(runner = %name, %error, "periodic run failed");
+                    Ran::Failed
                 }
-            },
-        };
-        match caught {
+                None => Ran::Succeeded,
+            }
+        });
+        match run.await {
             // Already logged with its backtrace by `catch_panic`.
             Err(_panic) => report.panicked += 1,
-            Ok(outcome) => match outcome.failure() {
-                Some(error) => {
-                    report.failed += 1;
-                    tracing::warn!(runner = %self.name, %error, "periodic run failed");
-                }
-                None => report.succeeded += 1,
-            },
+            Ok(Ran::Succeeded) => report.succeeded += 1,
+            Ok(Ran::Failed) => report.failed += 1,
+            Ok(Ran::TimedOut(limit)) => {
+                run_token.cancel();
+                report.timed_out += 1;
+                tracing::warn!(runner = %self.name, timeout = ?limit, "periodic run timed out");
+            }
         }
     }
 
@@ -341,4 +348,11 @@ impl Periodic {
         let max = u64::try_from(self.jitter.as_nanos()).unwrap_or(u64::MAX);
         Duration::from_nanos(rng.u64(0..=max))
     }
+}
+
+/// How one run ended, decided inside the caught future.
+enum Ran {
+    Succeeded,
+    Failed,
+    TimedOut(Duration),
 }

@@ -45,7 +45,9 @@ pub struct PeriodicReport {
     pub failed: u64,
     /// Runs cut short by the per-run timeout.
     pub timed_out: u64,
-    /// Runs that panicked.
+    /// Runs that panicked: in the job, or in the user code that ends a run (dropping its
+    /// future when the timeout fires, formatting its error, dropping its outcome). Each run
+    /// is counted once, so a timed-out run whose future panics when dropped counts here.
     pub panicked: u64,
     /// Ticks dropped because a run was still going when they came (fixed-rate only).
     pub skipped_ticks: u64,

@@ -55,5 +55,5 @@ mod stage;
 
 pub use ext::PipelineExt;
 pub use first::First;
-pub use pipeline::{DEFAULT_CAPACITY, Pipeline};
+pub use pipeline::{DEFAULT_CAPACITY, MAX_CAPACITY, Pipeline};
 pub use stage::{Stage, StageEnd};

@@ -14,6 +14,11 @@ use crate::stage::spawn_stage;
 /// The output capacity of a stage unless [`Pipeline::with_capacity`] says otherwise.
 pub const DEFAULT_CAPACITY: usize = 32;
 
+/// The largest capacity [`Pipeline::with_capacity`] accepts: 1,048,576 items. A stage's
+/// output channel allocates its capacity up front, so a capacity near `usize::MAX` would be an
+/// allocation failure (an abort), not a buffer.
+pub const MAX_CAPACITY: usize = 1 << 20;
+
 /// The token and settings that sources and stages are built with; cheap to clone.
 ///
 /// Every source (here) and stage ([`PipelineExt`](crate::PipelineExt)) built with a
@@ -63,12 +68,17 @@ impl Pipeline {
     ///
     /// # Panics
     ///
-    /// Panics if `capacity` is zero: a stage with no room could never hand an item on.
+    /// Panics if `capacity` is zero (a stage with no room could never hand an item on) or above
+    /// [`MAX_CAPACITY`].
     #[must_use]
     pub fn with_capacity(mut self, capacity: usize) -> Self {
         assert!(
             capacity > 0,
             "Pipeline::with_capacity: capacity must be greater than zero"
+        );
+        assert!(
+            capacity <= MAX_CAPACITY,
+            "Pipeline::with_capacity: {capacity} is above MAX_CAPACITY ({MAX_CAPACITY})"
         );
         self.capacity = capacity;
         self

@@ -46,4 +46,4 @@ pub use buffer::ReorderBuffer;
 pub use channel::{ReorderReceiver, ReorderSender, SendError, reorder_channel};
 pub use error::{MissingIndices, PushError, ReorderError};
 pub use ext::ReorderExt;
-pub use map_ordered::{MapOrdered, map_ordered};
+pub use map_ordered::{MAX_CONCURRENCY, MapOrdered, map_ordered};

@@ -65,6 +65,11 @@ struct SharedInput<S> {
     ended: bool,
 }
 
+/// The most calls [`map_ordered`] runs at once: 65,536. Each is a worker task, and the
+/// results channel (allocated up front) holds two results per call, so a concurrency near
+/// `usize::MAX` would be an allocation failure (an abort), not a map.
+pub const MAX_CONCURRENCY: usize = 1 << 16;
+
 /// Maps `input` through `f` with up to `concurrency` calls in flight on spawned tasks, and
 /// yields the results in input order.
 ///
@@ -108,7 +113,8 @@ struct SharedInput<S> {
 ///
 /// # Panics
 ///
-/// Panics if `concurrency` is zero, or when called outside a tokio runtime.
+/// Panics if `concurrency` is zero or above [`MAX_CONCURRENCY`], or when called outside a
+/// tokio runtime.
 pub fn map_ordered<S, F, Fut>(
     token: CancellationToken,
     input: S,
@@ -125,6 +131,10 @@ where
     assert!(
         concurrency > 0,
         "map_ordered: concurrency must be greater than zero"
+    );
+    assert!(
+        concurrency <= MAX_CONCURRENCY,
+        "map_ordered: concurrency {concurrency} is above MAX_CONCURRENCY ({MAX_CONCURRENCY})"
     );
     let window = concurrency.saturating_mul(2);
     let token = token.child_token();

@@ -462,14 +462,15 @@ impl Shutdown {
 
         // 2. The phases, sharing the budget.
         let hard_deadline = add(Instant::now(), self.inner.budget);
-        let resource_weight = u32::from(!resources.is_empty());
-        let mut weights_left = phases.iter().fold(resource_weight, |sum, phase| {
-            sum.saturating_add(phase.weight)
-        });
+        // In u64: at most 2^32 weights of at most 2^32 - 1 each cannot overflow it.
+        let resource_weight = u64::from(!resources.is_empty());
+        let mut weights_left = phases
+            .iter()
+            .fold(resource_weight, |sum, phase| sum + u64::from(phase.weight));
         for phase in phases {
             let remaining = hard_deadline.saturating_duration_since(Instant::now());
             let granted = grant(remaining, phase.weight, weights_left);
-            weights_left = weights_left.saturating_sub(phase.weight);
+            weights_left -= u64::from(phase.weight);
             self.run_step(StepKind::Phase, phase, granted, hard_deadline)
                 .await;
         }
@@ -481,7 +482,7 @@ impl Shutdown {
         let count = resources.len();
         for (closed, resource) in resources.into_iter().rev().enumerate() {
             let remaining = hard_deadline.saturating_duration_since(Instant::now());
-            let left = u32::try_from(count - closed).unwrap_or(u32::MAX);
+            let left = u64::try_from(count - closed).unwrap_or(u64::MAX);
             let granted = grant(remaining, 1, left);
             self.run_step(StepKind::Resource, resource, granted, hard_deadline)
                 .await;
@@ -518,6 +519,13 @@ impl Shutdown {
     ) {
         let Step { name, run, .. } = step;
         if granted.is_zero() {
+            // The step never runs; its closure is user code, and so is its `Drop`: a panic
+            // there must not stop the steps after it.
+            let dropped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || drop(run)));
+            if let Err(payload) = dropped {
+                let panic = taskweave_supervise::PanicError::from_panic(name.clone(), payload);
+                tracing::error!(step = %name, panic = %panic.message(), "dropping a skipped step panicked");
+            }
             self.finish(StepReport {
                 kind,
                 name,

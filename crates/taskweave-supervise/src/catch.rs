@@ -64,21 +64,30 @@ where
     install_hook();
     CatchPanic {
         name: name.into(),
-        done: false,
         log: true,
-        future,
+        stage: Stage::Running { future },
     }
 }
 
 pin_project! {
     /// Future returned by [`catch_panic`]; see there for an example.
+    ///
+    /// The inner future is dropped inside the catch as soon as it completes or panics, so a
+    /// panic in its destructor is caught too (reported as the panic, the output lost).
     #[must_use = "futures do nothing unless polled"]
     pub struct CatchPanic<F> {
         name: TaskName,
-        done: bool,
         log: bool,
         #[pin]
-        future: F,
+        stage: Stage<F>,
+    }
+}
+
+pin_project! {
+    #[project = StageProj]
+    enum Stage<F> {
+        Running { #[pin] future: F },
+        Done,
     }
 }
 
@@ -117,22 +126,40 @@ impl<F: Future> Future for CatchPanic<F> {
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.project();
-        assert!(!*this.done, "`CatchPanic` polled after completion");
-        let future = this.future;
+        let mut stage = this.stage;
+        assert!(
+            matches!(stage.as_mut().project(), StageProj::Running { .. }),
+            "`CatchPanic` polled after completion"
+        );
         // Restoring the previous flag (rather than clearing it) keeps nested adapters right:
         // a `CatchPanic` polled inside another one's poll hands the flag back on return.
         let previous = CAPTURING.with(|flag| flag.replace(true));
-        let result = std::panic::catch_unwind(AssertUnwindSafe(|| future.poll(cx)));
+        let result = std::panic::catch_unwind(AssertUnwindSafe(|| {
+            let polled = match stage.as_mut().project() {
+                StageProj::Running { future } => future.poll(cx),
+                StageProj::Done => unreachable!("checked above"),
+            };
+            if polled.is_ready() {
+                // Dropped here, inside the catch: its destructor is user code too.
+                stage.set(Stage::Done);
+            }
+            polled
+        }));
+        if result.is_err() {
+            // A future that panicked is dropped inside a catch as well; a second panic from
+            // its destructor is not reported apart (the first one is).
+            let dropped = std::panic::catch_unwind(AssertUnwindSafe(|| stage.set(Stage::Done)));
+            if let Err(payload) = dropped {
+                drop_payload(payload);
+            }
+        }
         CAPTURING.with(|flag| flag.set(previous));
         match result {
             Ok(Poll::Pending) => Poll::Pending,
-            Ok(Poll::Ready(output)) => {
-                *this.done = true;
-                Poll::Ready(Ok(output))
-            }
+            Ok(Poll::Ready(output)) => Poll::Ready(Ok(output)),
             Err(payload) => {
-                *this.done = true;
                 let error = panic_error(this.name.clone(), payload.as_ref());
+                drop_payload(payload);
                 if !*this.log {
                     return Poll::Ready(Err(error));
                 }
@@ -153,7 +180,7 @@ impl<F> fmt::Debug for CatchPanic<F> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("CatchPanic")
             .field("name", &self.name)
-            .field("done", &self.done)
+            .field("done", &matches!(self.stage, Stage::Done))
             .finish_non_exhaustive()
     }
 }
@@ -232,6 +259,37 @@ fn payload_message(payload: &(dyn std::any::Any + Send)) -> String {
         text.clone()
     } else {
         "Box<dyn Any>".to_owned()
+    }
+}
+
+/// Drops a panic payload (user data) without letting a panic of its own `Drop` unwind into
+/// the code that caught the first panic: that second payload is forgotten, a leak of one
+/// box, never a lost task.
+pub(crate) fn drop_payload(payload: Box<dyn std::any::Any + Send>) {
+    if let Err(nested) = std::panic::catch_unwind(AssertUnwindSafe(move || drop(payload))) {
+        std::mem::forget(nested);
+    }
+}
+
+/// Drops a user value on one of our tasks: a panic of its `Drop` is caught (its payload
+/// dropped the same careful way) and logged, instead of taking the task down.
+pub(crate) fn drop_caught<T>(name: &TaskName, value: T) {
+    if let Err(payload) = std::panic::catch_unwind(AssertUnwindSafe(move || drop(value))) {
+        let message = payload_message(payload.as_ref());
+        drop_payload(payload);
+        tracing::error!(task = %name, panic = %message, "a value's Drop panicked: caught");
+    }
+}
+
+/// Formats a user value with its `Display` on one of our tasks: a panic there is caught and
+/// a placeholder comes back instead.
+pub(crate) fn display_caught(value: &dyn fmt::Display) -> String {
+    match std::panic::catch_unwind(AssertUnwindSafe(|| value.to_string())) {
+        Ok(text) => text,
+        Err(payload) => {
+            drop_payload(payload);
+            "<the error's Display panicked>".to_owned()
+        }
     }
 }
 

@@ -66,6 +66,36 @@ impl PanicError {
         crate::catch::panic_error_from_payload(name.into(), payload)
     }
 
+    /// Like [`from_payload`](Self::from_payload), but takes the payload and drops it safely:
+    /// a payload is user data, and if its own `Drop` panics, that second payload is forgotten
+    /// (leaked) instead of unwinding into the code that caught the first panic.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use taskweave_supervise::PanicError;
+    ///
+    /// struct Bomb;
+    /// impl Drop for Bomb {
+    ///     fn drop(&mut self) {
+    ///         panic!("a payload that panics when dropped");
+    ///     }
+    /// }
+    ///
+    /// let payload = std::panic::catch_unwind(|| std::panic::panic_any(Bomb)).unwrap_err();
+    /// let panic = PanicError::from_panic("job", payload); // does not unwind
+    /// assert_eq!(panic.message(), "Box<dyn Any>");
+    /// ```
+    #[must_use]
+    pub fn from_panic(
+        name: impl Into<TaskName>,
+        payload: Box<dyn std::any::Any + Send>,
+    ) -> PanicError {
+        let error = Self::from_payload(name, payload.as_ref());
+        crate::catch::drop_payload(payload);
+        error
+    }
+
     pub(crate) fn new(
         name: TaskName,
         message: String,

@@ -9,6 +9,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use crate::catch::{display_caught, drop_caught};
 use crate::supervisor::current_runtime;
 use crate::{Escalation, PanicError, SpawnError, Supervisor, TaskHandle, TaskName, catch_panic};
 
@@ -289,13 +290,17 @@ where
         // `make` is called inside the caught future: a panic in the factory itself is a failed
         // run like any other, not the end of the restarting task.
         let run_token = token.child_token();
-        let run = catch_panic(name.clone(), async { make(run_token).await });
+        // The failure is logged inside it too: the error's `Display` is user code.
+        let run = catch_panic(name.clone(), async {
+            let outcome = make(run_token).await;
+            if let Err(error) = &outcome {
+                tracing::warn!(task = %name, %error, "task failed");
+            }
+            outcome
+        });
         let last = match run.await {
             Ok(Ok(())) => return Ok(()),
-            Ok(Err(error)) => {
-                tracing::warn!(task = %name, %error, "task failed");
-                Failure::Error(error)
-            }
+            Ok(Err(error)) => Failure::Error(error),
             Err(panic) => Failure::Panic(panic),
         };
         if token.is_cancelled() {
@@ -314,7 +319,7 @@ where
                 task: name.clone(),
                 restarts,
                 window: policy.window,
-                last_failure: last.to_string(),
+                last_failure: display_caught(&last),
             });
             return Err(RestartError::GaveUp {
                 name,
@@ -331,5 +336,7 @@ where
         }
         recent_restarts.push_back(Instant::now());
         supervisor.count_restart();
+        // The failed run's error is user data: its `Drop` must not end the restart loop.
+        drop_caught(&name, last);
     }
 }

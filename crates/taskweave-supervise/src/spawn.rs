@@ -7,7 +7,7 @@ use std::task::{Context, Poll, ready};
 
 use tokio::task::{AbortHandle, JoinError, JoinHandle};
 
-use crate::catch::panic_error_from_payload;
+use crate::catch::{drop_payload, panic_error_from_payload};
 use crate::{PanicError, TaskError, TaskName, catch_panic};
 
 /// Spawns `future` on the current tokio runtime as a task named `name`, capturing its panic.
@@ -125,10 +125,9 @@ impl<T> TaskHandle<T> {
         if error.is_panic() {
             // Only a panic outside our `catch_unwind` gets here: the future's `Drop`.
             let payload = error.into_panic();
-            TaskError::Panicked(panic_error_from_payload(
-                self.name.clone(),
-                payload.as_ref(),
-            ))
+            let panic = panic_error_from_payload(self.name.clone(), payload.as_ref());
+            drop_payload(payload);
+            TaskError::Panicked(panic)
         } else {
             TaskError::Aborted {
                 name: self.name.clone(),

@@ -55,7 +55,8 @@ impl TokenWatch {
 
     /// Watches `token` and runs `on_cancel` once when it is cancelled: synchronously, inside
     /// the `cancel()` call (or here, if the token is already cancelled). Keep it short; it
-    /// must not block or cancel the same token.
+    /// must not block or cancel the same token. A panic in it is caught and logged: it never
+    /// unwinds into the code that called `cancel()`.
     #[must_use]
     pub fn with_hook(
         token: &CancellationToken,
@@ -187,7 +188,14 @@ impl Wake for Signal {
     fn wake_by_ref(self: &Arc<Self>) {
         let first = !self.cancelled.swap(true, Ordering::AcqRel);
         if let (true, Some(on_cancel)) = (first, &self.on_cancel) {
-            on_cancel();
+            // This runs inside the canceller's `cancel()`, under tokio-util's lock of the
+            // token tree: a panic unwinding from here would poison that lock and leave the
+            // other children uncancelled. It is caught and logged instead.
+            let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(on_cancel));
+            if let Err(payload) = ran {
+                let panic = crate::PanicError::from_panic("token-watch-hook", payload);
+                tracing::error!(panic = %panic.message(), "a TokenWatch cancel hook panicked: caught");
+            }
         }
         self.waiter.wake();
     }

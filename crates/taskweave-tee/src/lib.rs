@@ -28,5 +28,5 @@ mod policy;
 mod tee;
 
 pub use output::TeeOutput;
-pub use policy::{DEFAULT_CAPACITY, Policy};
+pub use policy::{DEFAULT_CAPACITY, MAX_CAPACITY, MAX_OUTPUTS, Policy};
 pub use tee::{tee, tee_n, tee_with};

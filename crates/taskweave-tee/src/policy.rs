@@ -3,6 +3,14 @@
 /// The capacity of each output of [`tee`](crate::tee) and [`tee_n`](crate::tee_n).
 pub const DEFAULT_CAPACITY: usize = 32;
 
+/// The largest capacity an output accepts: 1,048,576 items. An output's channel allocates
+/// its capacity up front, so a capacity near `usize::MAX` would be an allocation failure (an
+/// abort), not a buffer; it is refused with a panic when the policy is made.
+pub const MAX_CAPACITY: usize = 1 << 20;
+
+/// The most outputs one tee feeds: 65,536.
+pub const MAX_OUTPUTS: usize = 1 << 16;
+
 /// What a tee output does when its consumer falls behind and its buffer is full.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
@@ -34,7 +42,7 @@ impl Policy {
     ///
     /// # Panics
     ///
-    /// Panics if `capacity` is zero.
+    /// Panics if `capacity` is zero or above [`MAX_CAPACITY`].
     #[must_use]
     pub fn lockstep(capacity: usize) -> Self {
         Policy::Lockstep {
@@ -46,7 +54,7 @@ impl Policy {
     ///
     /// # Panics
     ///
-    /// Panics if `capacity` is zero.
+    /// Panics if `capacity` is zero or above [`MAX_CAPACITY`].
     #[must_use]
     pub fn drop_oldest(capacity: usize) -> Self {
         Policy::DropOldest {
@@ -58,7 +66,7 @@ impl Policy {
     ///
     /// # Panics
     ///
-    /// Panics if `capacity` is zero.
+    /// Panics if `capacity` is zero or above [`MAX_CAPACITY`].
     #[must_use]
     pub fn disconnect(capacity: usize) -> Self {
         Policy::Disconnect {
@@ -90,6 +98,10 @@ fn nonzero(capacity: usize) -> usize {
     assert!(
         capacity > 0,
         "tee: an output's capacity must be greater than zero"
+    );
+    assert!(
+        capacity <= MAX_CAPACITY,
+        "tee: an output's capacity of {capacity} is above MAX_CAPACITY ({MAX_CAPACITY})"
     );
     capacity
 }

@@ -60,13 +60,19 @@ where
 ///
 /// # Panics
 ///
-/// Panics if `n` is zero, or when called outside a tokio runtime.
+/// Panics if `n` is zero or above [`MAX_OUTPUTS`](crate::MAX_OUTPUTS), or when called
+/// outside a tokio runtime.
 pub fn tee_n<S>(token: CancellationToken, input: S, n: usize) -> Vec<TeeOutput<S::Item>>
 where
     S: Stream + Send + 'static,
     S::Item: Clone + Send + 'static,
 {
     assert!(n > 0, "tee_n: n must be greater than zero");
+    assert!(
+        n <= crate::MAX_OUTPUTS,
+        "tee_n: {n} outputs is more than MAX_OUTPUTS ({})",
+        crate::MAX_OUTPUTS
+    );
     tee_with(token, input, vec![Policy::default(); n])
 }
 
@@ -115,7 +121,9 @@ where
 ///
 /// # Panics
 ///
-/// Panics if `policies` is empty or one has a zero capacity, or when called outside a tokio
+/// Panics if `policies` is empty, holds more than [`MAX_OUTPUTS`](crate::MAX_OUTPUTS), or one
+/// has a zero capacity (or one above [`MAX_CAPACITY`](crate::MAX_CAPACITY), for a policy built
+/// by hand), or when called outside a tokio
 /// runtime.
 pub fn tee_with<S, P>(token: CancellationToken, input: S, policies: P) -> Vec<TeeOutput<S::Item>>
 where
@@ -123,7 +131,17 @@ where
     S::Item: Clone + Send + 'static,
     P: IntoIterator<Item = Policy>,
 {
-    let policies: Vec<Policy> = policies.into_iter().collect();
+    // Taken one more than allowed at most: an endless iterator of policies is refused, not
+    // collected until memory runs out.
+    let policies: Vec<Policy> = policies
+        .into_iter()
+        .take(crate::MAX_OUTPUTS.saturating_add(1))
+        .collect();
+    assert!(
+        policies.len() <= crate::MAX_OUTPUTS,
+        "tee_with: more than MAX_OUTPUTS ({}) outputs",
+        crate::MAX_OUTPUTS
+    );
     assert!(
         !policies.is_empty(),
         "tee_with: at least one output is needed"
@@ -131,6 +149,13 @@ where
     assert!(
         policies.iter().all(|policy| policy.capacity() > 0),
         "tee: an output's capacity must be greater than zero"
+    );
+    assert!(
+        policies
+            .iter()
+            .all(|policy| policy.capacity() <= crate::MAX_CAPACITY),
+        "tee: an output's capacity is above MAX_CAPACITY ({})",
+        crate::MAX_CAPACITY
     );
     let token = token.child_token();
     let shared = Arc::new(TeeShared {

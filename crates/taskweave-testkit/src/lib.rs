@@ -68,3 +68,58 @@ pub async fn assert_no_leaked_tasks(baseline: usize) {
     }
     assert_eq!(alive_tasks(), baseline, "tasks leaked");
 }
+
+/// A value whose `Drop` panics: the hostile user value that tests hand to our tasks (as a
+/// job's output or error, a panic payload, a key, or a guard held by a future).
+#[derive(Debug)]
+pub struct PanicOnDrop(pub &'static str);
+
+impl Drop for PanicOnDrop {
+    fn drop(&mut self) {
+        panic!("{} panicked in its Drop", self.0);
+    }
+}
+
+impl std::fmt::Display for PanicOnDrop {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.0)
+    }
+}
+
+/// A value whose `Display` panics.
+#[derive(Debug)]
+pub struct PanicOnDisplay;
+
+impl std::fmt::Display for PanicOnDisplay {
+    fn fmt(&self, _: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        panic!("PanicOnDisplay was formatted")
+    }
+}
+
+/// A future that is ready at once with `Ok(())` and panics when it is dropped afterwards:
+/// the destructor of a user's future, run by whoever drops it.
+#[derive(Debug)]
+pub struct ReadyThenPanicOnDrop {
+    _value: PanicOnDrop,
+}
+
+impl ReadyThenPanicOnDrop {
+    /// A future whose drop panics with `name` in the message.
+    #[must_use]
+    pub fn new(name: &'static str) -> Self {
+        ReadyThenPanicOnDrop {
+            _value: PanicOnDrop(name),
+        }
+    }
+}
+
+impl std::future::Future for ReadyThenPanicOnDrop {
+    type Output = Result<(), String>;
+
+    fn poll(
+        self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        std::task::Poll::Ready(Ok(()))
+    }
+}

@@ -102,6 +102,17 @@ async fn zero_workers_is_a_programmer_error() {
     );
 }
 
+#[tokio::test]
+#[should_panic(expected = "fan_out: 18446744073709551615 workers is more than MAX_WORKERS (65536)")]
+async fn a_worker_count_near_usize_max_is_refused_before_anything_is_allocated() {
+    let _ = fan_out(
+        CancellationToken::new(),
+        futures::stream::iter([1]),
+        usize::MAX,
+        |n: i32| async move { n },
+    );
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(48))]
 

@@ -325,3 +325,29 @@ fn the_group_futures_are_send() {
     send(&group.spawn(async { Ok(()) }));
     send(&group.wait());
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_task_whose_future_panics_in_its_destructor_still_cancels_the_siblings() {
+    let mut group = TaskGroup::<String>::new(CancellationToken::new());
+    let token = group.token();
+    group
+        .spawn(async move {
+            token.cancelled().await;
+            Ok(())
+        })
+        .await
+        .unwrap();
+    group
+        .spawn(taskweave_testkit::ReadyThenPanicOnDrop::new(
+            "the task's future",
+        ))
+        .await
+        .unwrap();
+    // Without the catch around the destructor, the sibling waits for a cancellation that
+    // never comes and `wait` hangs.
+    let failure = tokio::time::timeout(Duration::from_secs(5), group.wait())
+        .await
+        .expect("the group did not hang")
+        .unwrap_err();
+    assert!(matches!(failure, TaskFailure::Panicked(_)), "{failure:?}");
+}

@@ -88,3 +88,16 @@ async fn a_cancelled_wait_gives_its_slot_back() {
 fn zero_period_is_a_programmer_error() {
     let _ = TickLimiter::new(Duration::ZERO);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_period_of_duration_max_lets_one_through_then_waits_instead_of_panicking() {
+    let limiter = TickLimiter::new(Duration::MAX);
+    let token = CancellationToken::new();
+    limiter.wait(&token).await.unwrap();
+    // The next slot is beyond any test's horizon: a year of waiting does not reach it.
+    let second = tokio::time::timeout(Duration::from_secs(365 * 24 * 3600), limiter.wait(&token));
+    assert!(second.await.is_err(), "the second wait must not go through");
+    // The abandoned wait gave its slot back, and a cancelled one does not panic either.
+    token.cancel();
+    assert_eq!(limiter.wait(&token).await, Err(WaitError::Cancelled));
+}

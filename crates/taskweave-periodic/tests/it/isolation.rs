@@ -178,3 +178,46 @@ async fn failed_and_panicking_runs_are_logged_with_the_runner_name() {
         "{lines:#?}"
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_timed_out_run_whose_future_panics_when_dropped_does_not_stop_the_schedule() {
+    // The runner drops a timed-out run's future: its destructor is user code, and a panic
+    // there is a panicked run, not the end of the runner.
+    let token = CancellationToken::new();
+    stop_after(&token, 350 * MS);
+    let report = Periodic::new(100 * MS)
+        .with_first_run(FirstRun::Immediately)
+        .with_timeout(50 * MS)
+        .run(token, |_run_token| async {
+            let _guard = taskweave_testkit::PanicOnDrop("the timed-out run");
+            tokio::time::sleep(Duration::from_secs(60)).await;
+        })
+        .await;
+    assert_eq!(report.runs, 4);
+    assert_eq!(report.panicked, 4);
+    assert_eq!(
+        report.timed_out, 0,
+        "each one is counted once, as what ended it"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_failure_whose_display_or_drop_panics_is_a_panicked_run() {
+    let token = CancellationToken::new();
+    stop_after(&token, 150 * MS);
+    let calls = AtomicU32::new(0);
+    let report = Periodic::new(100 * MS)
+        .with_first_run(FirstRun::Immediately)
+        .run(token, |_run_token| {
+            let call = calls.fetch_add(1, Ordering::SeqCst);
+            async move {
+                if call == 0 {
+                    Err(taskweave_testkit::PanicOnDrop("the error"))
+                } else {
+                    Ok(())
+                }
+            }
+        })
+        .await;
+    assert_eq!((report.runs, report.panicked, report.succeeded), (2, 1, 1));
+}

@@ -162,6 +162,14 @@ async fn a_stage_runs_at_most_its_capacity_ahead_of_a_consumer_that_does_not_rea
 }
 
 #[test]
+#[should_panic(
+    expected = "Pipeline::with_capacity: 18446744073709551615 is above MAX_CAPACITY (1048576)"
+)]
+fn a_capacity_near_usize_max_is_refused_before_anything_is_allocated() {
+    let _ = pipeline().with_capacity(usize::MAX);
+}
+
+#[test]
 #[should_panic(expected = "Pipeline::with_capacity: capacity must be greater than zero")]
 fn zero_capacity_panics() {
     let _ = pipeline().with_capacity(0);

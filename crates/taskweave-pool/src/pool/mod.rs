@@ -156,12 +156,8 @@ impl<J, R, E> Shared<J, R, E> {
         }));
         if let Err(payload) = outcome {
             Counters::add(&self.counters.cleanup_panicked, 1);
-            let panic = PanicError::from_payload(self.name.clone(), payload.as_ref());
+            let panic = PanicError::from_panic(self.name.clone(), payload);
             log_cleanup_panic(&self.name, index, "dropping a job that never ran", &panic);
-            // A payload whose own `Drop` panics is forgotten rather than let loose here.
-            if let Err(nested) = std::panic::catch_unwind(AssertUnwindSafe(move || drop(payload))) {
-                std::mem::forget(nested);
-            }
         }
     }
 }

@@ -204,6 +204,19 @@ async fn zero_concurrency_panics() {
     );
 }
 
+#[tokio::test]
+#[should_panic(
+    expected = "map_ordered: concurrency 18446744073709551615 is above MAX_CONCURRENCY (65536)"
+)]
+async fn a_concurrency_near_usize_max_is_refused_before_anything_is_allocated() {
+    let _ = map_ordered(
+        CancellationToken::new(),
+        futures::stream::iter([1]),
+        usize::MAX,
+        |n: i32| async move { n },
+    );
+}
+
 proptest! {
     /// Random call delays and a consumer that sometimes waits: the window fills, permits are
     /// reused, and the order holds.

@@ -105,3 +105,19 @@ async fn polling_after_completion_is_a_programmer_error() {
     assert_eq!((&mut caught).await.unwrap(), 1);
     let _ = caught.await;
 }
+
+#[tokio::test]
+async fn a_future_whose_destructor_panics_after_it_completed_is_caught() {
+    let future = taskweave_testkit::ReadyThenPanicOnDrop::new("the future");
+    let panic = catch_panic("destructor", future).await.unwrap_err();
+    assert_eq!(panic.message(), "the future panicked in its Drop");
+}
+
+#[tokio::test]
+async fn a_panic_payload_whose_drop_panics_does_not_unwind_out_of_the_catch() {
+    let caught = catch_panic("payload", async {
+        std::panic::panic_any(taskweave_testkit::PanicOnDrop("the payload"));
+    })
+    .await;
+    assert_eq!(caught.unwrap_err().message(), "Box<dyn Any>");
+}

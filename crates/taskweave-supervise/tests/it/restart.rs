@@ -237,3 +237,47 @@ fn backoff_doubles_and_saturates() {
     assert_eq!(policy.backoff(2), Duration::from_secs(2));
     assert_eq!(policy.backoff(u32::MAX), Duration::from_secs(1 << 31));
 }
+
+#[tokio::test(start_paused = true)]
+async fn an_error_whose_display_or_drop_panics_does_not_end_the_restart_loop() {
+    // Each run fails with an error whose `Display` panics (the failure log), then with one
+    // whose `Drop` panics (dropped before the next run): the loop keeps restarting, then
+    // escalates and cancels the supervisor's token.
+    #[derive(Debug)]
+    enum Hostile {
+        Display(taskweave_testkit::PanicOnDisplay),
+        Drop(taskweave_testkit::PanicOnDrop),
+    }
+    impl std::fmt::Display for Hostile {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            match self {
+                Hostile::Display(inner) => write!(f, "{inner}"),
+                Hostile::Drop(inner) => write!(f, "{inner}"),
+            }
+        }
+    }
+    let supervisor = Supervisor::new(CancellationToken::new());
+    let runs = Arc::new(AtomicU32::new(0));
+    let counted = Arc::clone(&runs);
+    let task = supervisor
+        .spawn_restarting("hostile", policy(3), move |_token| {
+            let run = counted.fetch_add(1, Ordering::SeqCst);
+            async move {
+                if run.is_multiple_of(2) {
+                    Err(Hostile::Drop(taskweave_testkit::PanicOnDrop("error")))
+                } else {
+                    Err(Hostile::Display(taskweave_testkit::PanicOnDisplay))
+                }
+            }
+        })
+        .unwrap();
+    let outcome = task.await.unwrap();
+    assert!(
+        matches!(outcome, Err(RestartError::GaveUp { restarts: 3, .. })),
+        "{outcome:?}"
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 4);
+    assert!(supervisor.token().is_cancelled(), "escalation ran");
+    // The error handed back is the user's to drop; keep the test process alive.
+    std::mem::forget(outcome);
+}

@@ -62,3 +62,20 @@ impl Wake for CountWakes {
         self.0.fetch_add(1, Ordering::SeqCst);
     }
 }
+
+#[test]
+fn a_panicking_cancel_hook_does_not_unwind_into_cancel_or_break_the_token_tree() {
+    let parent = CancellationToken::new();
+    let child = parent.child_token();
+    let sibling = parent.child_token();
+    let watch = TokenWatch::with_hook(&child, || panic!("hook exploded"));
+    parent.cancel(); // must not unwind
+    assert!(watch.is_cancelled());
+    assert!(
+        sibling.is_cancelled(),
+        "the other children are cancelled too"
+    );
+    // The tree's locks are not poisoned: the tokens still work.
+    let _grandchild = parent.child_token();
+    assert!(parent.is_cancelled());
+}

@@ -210,6 +210,34 @@ async fn a_zero_capacity_written_out_panics_too() {
     );
 }
 
+#[test]
+#[should_panic(
+    expected = "tee: an output's capacity of 18446744073709551615 is above MAX_CAPACITY (1048576)"
+)]
+fn a_capacity_near_usize_max_is_refused_before_anything_is_allocated() {
+    let _ = Policy::lockstep(usize::MAX);
+}
+
+#[tokio::test]
+#[should_panic(expected = "tee_n: 18446744073709551615 outputs is more than MAX_OUTPUTS (65536)")]
+async fn an_output_count_near_usize_max_is_refused_before_anything_is_allocated() {
+    let _ = tee_n(
+        CancellationToken::new(),
+        futures::stream::iter([1]),
+        usize::MAX,
+    );
+}
+
+#[tokio::test]
+#[should_panic(expected = "tee_with: more than MAX_OUTPUTS (65536) outputs")]
+async fn an_endless_iterator_of_policies_is_refused_not_collected() {
+    let _ = tee_with(
+        CancellationToken::new(),
+        futures::stream::iter([1]),
+        std::iter::repeat(Policy::default()),
+    );
+}
+
 #[tokio::test]
 #[should_panic(expected = "tee_n: n must be greater than zero")]
 async fn zero_outputs_panic() {
