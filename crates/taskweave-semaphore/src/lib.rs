@@ -33,12 +33,14 @@
 //! # }
 //! ```
 
+mod acquire;
 mod error;
-#[cfg(all(test, taskweave_loom))]
-mod loom_permits;
 mod permit;
 mod semaphore;
+mod state;
 
+pub use acquire::{Acquire, AcquireOwned, PollSemaphore};
 pub use error::{AcquireError, TryAcquireError};
 pub use permit::{OwnedPermit, Permit};
 pub use semaphore::Semaphore;
+pub use state::MAX_PERMITS;

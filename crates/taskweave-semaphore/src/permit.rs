@@ -35,8 +35,30 @@ impl<'a> Permit<'a> {
     /// the last one closes the semaphore). For a resource that is gone (a connection that
     /// died), not as a way to skip the release.
     pub fn forget(mut self) {
-        self.inner.forget(self.permits);
-        self.permits = 0;
+        self.inner.state.forget(std::mem::take(&mut self.permits));
+    }
+
+    /// Takes `other`'s permits into this one, as tokio's `SemaphorePermit::merge`.
+    ///
+    /// # Panics
+    ///
+    /// Panics if `other` is of another semaphore, or the sum overflows a `u32`.
+    pub fn merge(&mut self, mut other: Permit<'a>) {
+        assert!(
+            std::ptr::eq(self.inner, other.inner),
+            "Permit::merge: the permits are of different semaphores"
+        );
+        self.permits = self
+            .permits
+            .checked_add(std::mem::take(&mut other.permits))
+            .expect("Permit::merge: more than u32::MAX permits");
+    }
+
+    /// Splits `permits` off into a permit of their own, or `None` (nothing changed) if this
+    /// holds fewer.
+    pub fn split(&mut self, permits: u32) -> Option<Permit<'a>> {
+        self.permits = self.permits.checked_sub(permits)?;
+        Some(Permit::new(self.inner, permits))
     }
 }
 
@@ -53,20 +75,42 @@ impl OwnedPermit {
 
     /// Gives the permits up for good: the semaphore's capacity shrinks by as many.
     pub fn forget(mut self) {
-        self.inner.forget(self.permits);
-        self.permits = 0;
+        self.inner.state.forget(std::mem::take(&mut self.permits));
+    }
+
+    /// Takes `other`'s permits into this one, as tokio's `OwnedSemaphorePermit::merge`.
+    ///
+    /// # Panics
+    ///
+    /// Panics if `other` is of another semaphore, or the sum overflows a `u32`.
+    pub fn merge(&mut self, mut other: OwnedPermit) {
+        assert!(
+            Arc::ptr_eq(&self.inner, &other.inner),
+            "OwnedPermit::merge: the permits are of different semaphores"
+        );
+        self.permits = self
+            .permits
+            .checked_add(std::mem::take(&mut other.permits))
+            .expect("OwnedPermit::merge: more than u32::MAX permits");
+    }
+
+    /// Splits `permits` off into a permit of their own, or `None` (nothing changed) if this
+    /// holds fewer.
+    pub fn split(&mut self, permits: u32) -> Option<OwnedPermit> {
+        self.permits = self.permits.checked_sub(permits)?;
+        Some(OwnedPermit::new(Arc::clone(&self.inner), permits))
     }
 }
 
 impl Drop for Permit<'_> {
     fn drop(&mut self) {
-        self.inner.release(self.permits);
+        self.inner.state.release(self.permits);
     }
 }
 
 impl Drop for OwnedPermit {
     fn drop(&mut self) {
-        self.inner.release(self.permits);
+        self.inner.state.release(self.permits);
     }
 }
 

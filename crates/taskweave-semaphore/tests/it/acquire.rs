@@ -112,11 +112,47 @@ async fn close_wakes_every_waiter_with_closed() {
 }
 
 #[tokio::test]
-async fn a_free_permit_is_granted_without_looking_at_the_token() {
+async fn a_token_cancelled_before_the_call_wins_over_a_free_permit() {
     let semaphore = Semaphore::new(1);
     let token = CancellationToken::new();
     token.cancel();
-    assert!(semaphore.acquire(&token).await.is_ok());
+    assert_eq!(
+        semaphore.acquire(&token).await.unwrap_err(),
+        AcquireError::Cancelled
+    );
+    assert_eq!(
+        semaphore.acquire_owned(&token).await.unwrap_err(),
+        AcquireError::Cancelled
+    );
+    assert_eq!(semaphore.available(), 1, "no permit was spent");
+}
+
+#[tokio::test]
+async fn a_waiter_cancelled_before_the_release_gets_cancelled_and_the_permit_goes_on() {
+    // golang/go#63615: poll a waiter, cancel its token, release a permit, poll it again.
+    for weighted in [false, true] {
+        let semaphore = Semaphore::new(2);
+        let held = semaphore.try_acquire_many(2).unwrap();
+        let token = CancellationToken::new();
+        let other = CancellationToken::new();
+        let permits = if weighted { 2 } else { 1 };
+        let mut first = tokio_test::task::spawn(semaphore.acquire_many(&token, permits));
+        let mut second = tokio_test::task::spawn(semaphore.acquire_many(&other, permits));
+        assert_pending!(first.poll());
+        assert_pending!(second.poll());
+        token.cancel();
+        drop(held);
+        assert_eq!(
+            assert_ready!(first.poll()).unwrap_err(),
+            AcquireError::Cancelled,
+            "weighted: {weighted}"
+        );
+        assert!(second.is_woken());
+        let permit = assert_ready!(second.poll()).unwrap();
+        assert_eq!(permit.num_permits(), permits);
+        drop(permit);
+        assert_eq!((semaphore.available(), semaphore.in_use()), (2, 0));
+    }
 }
 
 #[tokio::test]
@@ -141,4 +177,37 @@ async fn a_permit_released_as_its_waiter_is_cancelled_is_never_lost() {
 #[should_panic(expected = "capacity must be greater than zero")]
 fn zero_capacity_is_a_programmer_error() {
     let _ = Semaphore::new(0);
+}
+
+#[tokio::test]
+async fn poll_semaphore_waits_in_line_honours_its_token_and_gives_up_its_place_on_drop() {
+    use std::future::poll_fn;
+    use taskweave_semaphore::PollSemaphore;
+    let semaphore = Semaphore::new(1);
+    let (token, other) = (CancellationToken::new(), CancellationToken::new());
+    let mut first = PollSemaphore::new(semaphore.clone(), token.clone());
+    let mut second = PollSemaphore::new(semaphore.clone(), other.clone());
+    let mut third = PollSemaphore::new(semaphore.clone(), CancellationToken::new());
+    let held = poll_fn(|cx| first.poll_acquire(cx)).await.unwrap();
+    let mut waiting = tokio_test::task::spawn(poll_fn(|cx| second.poll_acquire(cx)));
+    assert_pending!(waiting.poll());
+    drop(waiting);
+    // `second` still holds its place (the wait lives in the `PollSemaphore`): `third` queues
+    // behind it, and dropping `second` hands its place on.
+    let mut behind = tokio_test::task::spawn(poll_fn(|cx| third.poll_acquire(cx)));
+    assert_pending!(behind.poll());
+    drop(held);
+    assert_pending!(behind.poll(), "the permit went to `second`, first in line");
+    drop(second);
+    assert!(behind.is_woken());
+    let permit = assert_ready!(behind.poll()).unwrap();
+    drop(behind);
+    // A cancelled token ends the next wait with `Cancelled`.
+    token.cancel();
+    assert_eq!(
+        poll_fn(|cx| first.poll_acquire(cx)).await.unwrap_err(),
+        AcquireError::Cancelled
+    );
+    drop(permit);
+    assert_eq!((semaphore.available(), semaphore.in_use()), (1, 0));
 }

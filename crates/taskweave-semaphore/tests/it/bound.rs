@@ -74,54 +74,49 @@ async fn a_wait_on_the_bound_token_is_served_in_order() {
 }
 
 #[tokio::test]
-async fn the_watch_task_ends_with_the_semaphore_or_the_token() {
+async fn tying_spawns_no_task_and_closes_inside_cancel() {
     let baseline = alive_tasks();
     let shutdown = CancellationToken::new();
     let semaphore = Semaphore::new(2).with_token(shutdown.clone());
-    let clone = semaphore.clone();
-    assert_eq!(alive_tasks(), baseline + 1);
-    drop(semaphore);
-    drop(clone);
-    assert_no_leaked_tasks(baseline).await;
-    assert!(!shutdown.is_cancelled());
-
-    let semaphore = Semaphore::new(2).with_token(shutdown.clone());
+    assert_eq!(
+        alive_tasks(),
+        baseline,
+        "the watch is a waker on the token, not a task"
+    );
     shutdown.cancel();
+    assert!(semaphore.is_closed(), "closed before cancel() returned");
     assert_no_leaked_tasks(baseline).await;
-    assert!(semaphore.is_closed());
 }
 
 #[test]
-fn waits_still_end_on_the_token_after_the_watch_runtime_is_gone() {
+fn a_semaphore_can_be_tied_outside_a_runtime_and_outlive_every_runtime() {
     let shutdown = CancellationToken::new();
-    let first = tokio::runtime::Builder::new_current_thread()
+    let semaphore = Semaphore::new(1).with_token(shutdown.clone());
+    let runtime = tokio::runtime::Builder::new_current_thread()
         .build()
         .unwrap();
-    let semaphore = first.block_on(async { Semaphore::new(1).with_token(shutdown.clone()) });
-    let second = tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .build()
-        .unwrap();
-    second.block_on(async {
-        let _held = semaphore.acquire(&shutdown).await.unwrap();
-        let waiter = {
-            let (semaphore, shutdown) = (semaphore.clone(), shutdown.clone());
-            tokio::spawn(async move { semaphore.acquire(&shutdown).await.map(drop) })
-        };
-        tokio::task::yield_now().await;
-        // The watch task dies with its runtime while the waiter waits on the bound token
-        // without a registration of its own: a thread takes the watch over.
-        std::thread::spawn(move || drop(first)).join().unwrap();
-        shutdown.cancel();
-        // Real time: the watch now runs on a thread of its own, outside this runtime's
-        // clock. The bound only keeps a broken fallback from hanging the test.
-        let ended = tokio::time::timeout(std::time::Duration::from_secs(10), waiter).await;
-        assert_eq!(
-            ended.expect("the wait ignored its token").unwrap(),
-            Err(AcquireError::Cancelled)
-        );
-        assert!(semaphore.is_closed());
+    runtime.block_on(async {
+        let held = semaphore.acquire(&shutdown).await.unwrap();
+        let mut waiter = tokio_test::task::spawn(semaphore.acquire(&shutdown));
+        assert_pending!(waiter.poll());
+        drop(held);
+        drop(assert_ready!(waiter.poll()).unwrap());
     });
+    // Made inside the runtime, polled after it is gone.
+    let waiter = runtime.block_on(async { vec![semaphore.acquire_owned(&shutdown)] });
+    let waiter = waiter.into_iter().next().unwrap();
+    drop(runtime);
+    // No runtime at all now: the cancellation still closes it and ends a wait.
+    let mut waiter = tokio_test::task::spawn(waiter);
+    let _held = assert_ready!(waiter.poll()).unwrap();
+    let mut blocked = tokio_test::task::spawn(semaphore.acquire_owned(&shutdown));
+    assert_pending!(blocked.poll());
+    shutdown.cancel();
+    assert!(blocked.is_woken());
+    assert_eq!(
+        assert_ready!(blocked.poll()).unwrap_err(),
+        AcquireError::Cancelled
+    );
 }
 
 #[tokio::test]
@@ -138,10 +133,4 @@ async fn tying_after_cloning_is_a_programmer_error() {
     let semaphore = Semaphore::new(1);
     let _clone = semaphore.clone();
     let _ = semaphore.with_token(CancellationToken::new());
-}
-
-#[test]
-#[should_panic(expected = "must be called inside a tokio runtime")]
-fn tying_outside_a_runtime_is_a_programmer_error() {
-    let _ = Semaphore::new(1).with_token(CancellationToken::new());
 }

@@ -199,3 +199,175 @@ proptest! {
         prop_assert_eq!(semaphore.in_use(), 0);
     }
 }
+
+#[test]
+fn a_closed_semaphore_says_closed_before_any_size_error() {
+    let semaphore = Semaphore::new(2);
+    semaphore.close();
+    assert_eq!(
+        semaphore.try_acquire_many(5).unwrap_err(),
+        taskweave_semaphore::TryAcquireError::Closed
+    );
+    // Forgetting the last permit closes it: later requests see `Closed`, not a bogus
+    // `TooLarge { capacity: 0 }`.
+    let semaphore = Semaphore::new(1);
+    semaphore.try_acquire().unwrap().forget();
+    assert_eq!(
+        semaphore.try_acquire().unwrap_err(),
+        taskweave_semaphore::TryAcquireError::Closed
+    );
+    let token = CancellationToken::new();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    assert_eq!(
+        rt.block_on(semaphore.acquire_many(&token, 3)).unwrap_err(),
+        AcquireError::Closed
+    );
+}
+
+#[test]
+fn relative_changes_from_two_threads_never_lose_an_update() {
+    let semaphore = Semaphore::new(1);
+    let threads: Vec<_> = (0..2)
+        .map(|_| {
+            let semaphore = semaphore.clone();
+            std::thread::spawn(move || {
+                for _ in 0..1_000 {
+                    semaphore.add_permits(1);
+                }
+            })
+        })
+        .collect();
+    threads
+        .into_iter()
+        .for_each(|thread| thread.join().unwrap());
+    assert_eq!(semaphore.capacity(), 2_001);
+    assert_eq!(semaphore.available(), 2_001);
+    assert_eq!(semaphore.forget_permits(2_000), 1);
+    assert_eq!(semaphore.forget_permits(5), 1, "never below one permit");
+    assert_eq!((semaphore.available(), semaphore.in_use()), (1, 0));
+}
+
+#[test]
+#[should_panic(expected = "Semaphore::add_permits: capacity must be at most")]
+fn adding_past_max_permits_is_a_programmer_error() {
+    let semaphore = Semaphore::new(Semaphore::MAX_PERMITS);
+    semaphore.add_permits(1);
+}
+
+#[test]
+fn permits_merge_and_split_as_tokio_s_do() {
+    let semaphore = Semaphore::new(5);
+    let mut permit = semaphore.try_acquire_many(2).unwrap();
+    permit.merge(semaphore.try_acquire().unwrap());
+    assert_eq!(permit.num_permits(), 3);
+    let part = permit.split(2).unwrap();
+    assert!(permit.split(5).is_none(), "holds 1");
+    assert_eq!((permit.num_permits(), part.num_permits()), (1, 2));
+    assert_eq!(semaphore.in_use(), 3);
+    drop(part);
+    assert_eq!(semaphore.in_use(), 1);
+    drop(permit);
+    let mut owned = semaphore.try_acquire_owned().unwrap();
+    owned.merge(semaphore.try_acquire_many_owned(4).unwrap());
+    let split = owned.split(5).unwrap();
+    assert_eq!((owned.num_permits(), split.num_permits()), (0, 5));
+    drop(split);
+    assert_eq!(semaphore.available(), 5);
+}
+
+#[test]
+#[should_panic(expected = "Permit::merge: the permits are of different semaphores")]
+fn merging_permits_of_two_semaphores_is_a_programmer_error() {
+    let (a, b) = (Semaphore::new(1), Semaphore::new(1));
+    let mut permit = a.try_acquire().unwrap();
+    permit.merge(b.try_acquire().unwrap());
+}
+
+/// Threads acquire (some weighted, some cancelled), hold and release while another thread
+/// shrinks and grows the capacity between `LOW` and `HIGH`: the holders counted by the test
+/// never exceed the capacity of the moment at a grant. A grant is checked against the
+/// largest capacity the resizer set while it was in flight (the resizer records a
+/// generation per change), so a resize racing the check cannot make it fail spuriously.
+#[test]
+fn resizes_racing_acquires_and_releases_never_admit_more_than_the_capacity() {
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    use std::sync::{Arc, Mutex};
+    const LOW: usize = 2;
+    const HIGH: usize = 6;
+    let semaphore = Semaphore::new(HIGH);
+    let holders = Arc::new(AtomicUsize::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    // (generation, capacity) of every change; a reader takes the max over its window.
+    let history = Arc::new(Mutex::new(vec![HIGH]));
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .build()
+        .unwrap();
+    let workers: Vec<_> = (0..4_u32)
+        .map(|worker| {
+            let (semaphore, holders, history) = (
+                semaphore.clone(),
+                Arc::clone(&holders),
+                Arc::clone(&history),
+            );
+            runtime.spawn(async move {
+                for round in 0..2_000_u32 {
+                    let permits = 1 + (worker + round) % 2;
+                    let token = CancellationToken::new();
+                    if round % 7 == 0 {
+                        token.cancel();
+                    }
+                    let before = history.lock().unwrap().len();
+                    let Ok(permit) = semaphore.acquire_many(&token, permits).await else {
+                        continue;
+                    };
+                    let now =
+                        holders.fetch_add(permits as usize, Ordering::SeqCst) + permits as usize;
+                    let allowed = history.lock().unwrap()[before - 1..]
+                        .iter()
+                        .copied()
+                        .max()
+                        .unwrap();
+                    assert!(
+                        now <= allowed,
+                        "{now} held with a capacity of at most {allowed}"
+                    );
+                    tokio::task::yield_now().await;
+                    holders.fetch_sub(permits as usize, Ordering::SeqCst);
+                    drop(permit);
+                }
+            })
+        })
+        .collect();
+    let resizer = {
+        let (semaphore, stop, history) =
+            (semaphore.clone(), Arc::clone(&stop), Arc::clone(&history));
+        std::thread::spawn(move || {
+            let mut capacity = HIGH;
+            while !stop.load(Ordering::SeqCst) {
+                capacity = if capacity == HIGH { LOW } else { HIGH };
+                // Recorded before a grow takes effect and after a shrink does, so the
+                // window of any grant covers the capacity it was granted under.
+                if capacity > LOW {
+                    history.lock().unwrap().push(capacity);
+                    semaphore.resize(capacity);
+                } else {
+                    semaphore.resize(capacity);
+                    history.lock().unwrap().push(capacity);
+                }
+                std::thread::yield_now();
+            }
+        })
+    };
+    runtime.block_on(async {
+        for worker in workers {
+            worker.await.unwrap();
+        }
+    });
+    stop.store(true, Ordering::SeqCst);
+    resizer.join().unwrap();
+    let capacity = semaphore.capacity();
+    assert_eq!((semaphore.in_use(), semaphore.available()), (0, capacity));
+}
