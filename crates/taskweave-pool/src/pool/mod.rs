@@ -282,13 +282,21 @@ where
     /// Waiting on the token the pool was started with (or a clone of it), or on
     /// [`token`](Self::token), costs nothing extra: their cancellation closes the queue, which
     /// ends the wait. Any other token, a child of those included, is watched beside the wait
-    /// (a registration on the token for each wait that finds the queue full). One visible
-    /// difference: on the pool's own tokens, a slot freed in the instant the token is
-    /// cancelled may still take the job (`Ok`; the job is then handed back by `close` if it
-    /// never starts), where a watched token is checked first and gives `Cancelled`.
+    /// (a registration on the token for each wait that finds the queue full), and checked
+    /// before anything else: a cancelled one gives `Cancelled` even with room in the queue
+    /// (one lock of the token per submit). The pool's own tokens close the queue inside
+    /// `cancel()`, so a submit after their cancellation gets `Closed`.
     pub async fn submit(&self, token: &CancellationToken, job: J) -> Result<u64, SubmitError<J>> {
         let shared = &self.handle.shared;
+        let own = token == &shared.given || token == shared.cancel.token();
         let index = shared.counters.next_index.fetch_add(1, Ordering::Relaxed);
+        // A cancellation observed before the job is taken wins, even with room in the queue.
+        // The pool's own tokens need no check: their cancellation closes the queue inside
+        // `cancel()`, so the queue answers `Closed` for them.
+        if !own && token.is_cancelled() {
+            Counters::add(&shared.counters.refused, 1);
+            return Err(SubmitError::Cancelled(job));
+        }
         // Counts the submission as refused if this future is dropped before it resolves (or a
         // drop callback unwinds through it): the job was then never accepted.
         let mut unresolved = Unresolved::new(&shared.counters);
@@ -307,7 +315,7 @@ where
         // Slow path: wait for room. The send keeps the job until it is queued, so however
         // the wait ends, the job is either in the queue or back in our hands.
         let mut send = shared.queue.send((index, job));
-        let (cancelled, unsent) = if token == &shared.given || token == shared.cancel.token() {
+        let (cancelled, unsent) = if own {
             // Cancelling this token closes the queue (the pool's hook), which ends the send:
             // no registration on the token. The common case (a service passes its token to
             // the pool and to its submits) and the cheap one.

@@ -414,3 +414,18 @@ async fn many_blocked_submitters_on_a_small_queue_all_get_through() {
         assert_eq!(report.metrics.completed, 8_000);
     }
 }
+
+#[tokio::test]
+async fn a_cancelled_token_wins_over_room_in_the_queue() {
+    let pool = WorkerPool::new(CancellationToken::new(), 1, 8, |_t, j: u8| async move {
+        Ok::<_, String>(j)
+    });
+    let request = CancellationToken::new();
+    request.cancel();
+    assert!(matches!(
+        pool.submit(&request, 1).await,
+        Err(SubmitError::Cancelled(1))
+    ));
+    let report = pool.close().await;
+    assert_eq!((report.metrics.submitted, report.metrics.completed), (0, 0));
+}
