@@ -7,7 +7,7 @@ mod support;
 use std::time::Duration;
 
 use futures::StreamExt;
-use taskweave::limit::{KeyedRateLimiter, RateLimitExt, RateLimiter, TickLimiter};
+use taskweave::limit::{KeyedRateLimiter, Quota, RateLimitExt, RateLimiter, TickLimiter};
 use taskweave::semaphore::{AcquireError, Semaphore};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -62,7 +62,7 @@ async fn main() {
     drop(held);
 
     // 20 emails a second with bursts of 3.
-    let outbound = RateLimiter::new(20, 3);
+    let outbound = RateLimiter::new(Quota::per_second(20).with_burst(3));
     let started = Instant::now();
     for email in 1..=6 {
         outbound.wait(&root).await.expect("not cancelled");
@@ -84,7 +84,10 @@ async fn main() {
     }
 
     // Per client: 2 requests, then 1 every 500 ms.
-    let per_client = KeyedRateLimiter::new(root.clone(), 2, 2, 10_000);
+    let per_client = KeyedRateLimiter::builder(Quota::per_second(2))
+        .max_keys(10_000)
+        .token(root.clone())
+        .build();
     for client in ["alice", "alice", "alice", "bob"] {
         println!(
             "{client}: {}",
@@ -99,7 +102,7 @@ async fn main() {
     // A stream of events at 10 per second.
     let started = Instant::now();
     let sent: Vec<u32> = futures::stream::iter(1..=4)
-        .rate_limited(RateLimiter::new(10, 1))
+        .rate_limited(RateLimiter::new(Quota::per_second(10).with_burst(1)))
         .inspect(|event| println!("event {event} at {:>3} ms", started.elapsed().as_millis()))
         .collect()
         .await;

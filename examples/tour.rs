@@ -10,7 +10,7 @@ use std::time::Duration;
 use futures::StreamExt;
 use taskweave::fan::{fan_out, merge};
 use taskweave::group::{CollectGroup, TaskGroup, map_parallel};
-use taskweave::limit::{KeyedRateLimiter, RateLimiter};
+use taskweave::limit::{KeyedRateLimiter, Quota, RateLimiter};
 use taskweave::ordone::OrDoneExt;
 use taskweave::outbox::{Event, MemoryPublisher, MemoryStore, PublishError, Relay};
 use taskweave::periodic::{FirstRun, Periodic};
@@ -314,13 +314,16 @@ async fn limits(root: &CancellationToken) {
     );
     drop((first, second));
 
-    let limiter = RateLimiter::new(20, 2);
+    let limiter = RateLimiter::new(Quota::per_second(20).with_burst(2));
     let started = Instant::now();
     for n in 1..=4 {
         limiter.wait(root).await.expect("not cancelled");
         println!("  token {n} at {:>3} ms", started.elapsed().as_millis());
     }
-    let per_client = KeyedRateLimiter::new(root.child_token(), 1, 1, 1_000);
+    let per_client = KeyedRateLimiter::builder(Quota::per_second(1))
+        .max_keys(1_000)
+        .token(root.child_token())
+        .build();
     let answers: Vec<&str> = ["alice", "alice", "bob"]
         .iter()
         .map(|client| {

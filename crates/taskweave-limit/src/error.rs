@@ -51,6 +51,12 @@ pub enum WaitError {
         /// The limiter's burst.
         burst: u32,
     },
+    /// The tokens would come later than the wait's deadline
+    /// ([`RateLimiter::wait_n_within`](crate::RateLimiter::wait_n_within)); nothing was taken.
+    WouldExceedDeadline {
+        /// How long the wait would have been from when it gave up.
+        wait: Duration,
+    },
 }
 
 impl fmt::Display for WaitError {
@@ -60,6 +66,9 @@ impl fmt::Display for WaitError {
             WaitError::Closed => f.write_str("limiter closed"),
             WaitError::ExceedsBurst { requested, burst } => {
                 write!(f, "requested {requested} tokens of a burst of {burst}")
+            }
+            WaitError::WouldExceedDeadline { wait } => {
+                write!(f, "the tokens would come after the deadline (in {wait:?})")
             }
         }
     }

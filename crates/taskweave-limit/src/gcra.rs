@@ -6,7 +6,6 @@
 //! `tat` there. A `tat` at or before `now` means a full bucket, so forgetting such a state
 //! loses nothing (the keyed limiter relies on that to evict).
 
-use std::sync::OnceLock;
 use std::time::Duration;
 
 #[cfg(all(test, taskweave_loom))]
@@ -16,10 +15,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use tokio::time::Instant;
 
-/// Nanoseconds since the limiter's base instant: on tokio's clock (so the paused test clock
-/// drives it), or on the CPU's time-stamp counter through `quanta`, which is several times
-/// cheaper to read but does not follow tokio's paused time. [`Clock::auto`] picks the second
-/// unless tokio's clock is paused.
+/// Nanoseconds since the limiter's base instant: on the CPU's time-stamp counter through
+/// `quanta` (the default, as governor's: several times cheaper to read than the system
+/// clock), or on tokio's clock, chosen explicitly, so that the paused test clock drives it.
 #[derive(Clone, Debug)]
 pub(crate) struct Clock {
     base: Instant,
@@ -33,16 +31,6 @@ struct FastClock {
 }
 
 impl Clock {
-    /// The time-stamp counter, unless tokio's clock is paused where this is called: then
-    /// tokio's clock, so that `start_paused` tests drive the limiter.
-    pub(crate) fn auto() -> Self {
-        if tokio_clock_is_paused() {
-            Clock::tokio()
-        } else {
-            Clock::fast()
-        }
-    }
-
     pub(crate) fn tokio() -> Self {
         Clock {
             base: Instant::now(),
@@ -57,6 +45,10 @@ impl Clock {
             base: Instant::now(),
             fast: Some(FastClock { clock, base }),
         }
+    }
+
+    pub(crate) fn is_tokio(&self) -> bool {
+        self.fast.is_none()
     }
 
     pub(crate) fn now(&self) -> u64 {
@@ -83,43 +75,59 @@ impl Clock {
     }
 }
 
-/// A limiter's clock: chosen at the first use ([`Clock::auto`]) unless chosen before.
-#[derive(Debug, Default)]
-pub(crate) struct ClockChoice(OnceLock<Clock>);
+/// The longest burst window (`interval × burst`) a limiter keeps: 2⁶² ns, about 146 years.
+/// A longer interval is shortened to `MAX_WINDOW / burst`: the burst goes through, then
+/// nothing for decades, and every sum below stays far from `u64::MAX`.
+pub(crate) const MAX_WINDOW: u64 = 1 << 62;
 
-impl ClockChoice {
-    pub(crate) fn get(&self) -> &Clock {
-        self.0.get_or_init(Clock::auto)
-    }
-
-    /// Fixes the clock; `method` names the public method for the panic message.
-    #[track_caller]
-    pub(crate) fn choose(&self, clock: Clock, method: &str) {
-        assert!(
-            self.0.set(clock).is_ok(),
-            "{method}: choose the clock before the first use"
-        );
-    }
+/// A rate as the algorithm uses it: nanoseconds per token, and the burst.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Rate {
+    pub(crate) interval: u64,
+    pub(crate) burst: u32,
 }
 
-/// `true` when tokio's clock is paused here (`start_paused`, or `tokio::time::pause`).
-///
-/// Unpaused, `tokio::time::Instant::now()` is the system's monotonic clock, so two readings
-/// with real time passing between them differ; paused, it only moves when the runtime
-/// advances it, which cannot happen inside this synchronous call. The wait is for the system
-/// clock to tick once (nanoseconds); outside a runtime tokio reads the system clock too.
-fn tokio_clock_is_paused() -> bool {
-    let before = Instant::now();
-    let real = std::time::Instant::now();
-    // Bounded: a system clock that does not tick at all (a simulator) reads as paused,
-    // which picks tokio's clock, the one that is right in every case.
-    for _ in 0..1_000_000 {
-        if std::time::Instant::now() > real {
-            return Instant::now() == before;
-        }
-        std::hint::spin_loop();
+impl Rate {
+    /// `interval` per token (at least 1 ns), shortened so that the window stays within
+    /// [`MAX_WINDOW`].
+    pub(crate) fn new(interval: Duration, burst: u32) -> Self {
+        let burst = burst.max(1);
+        let interval = nanos(interval).clamp(1, MAX_WINDOW / u64::from(burst));
+        Rate { interval, burst }
     }
-    true
+
+    /// The decision for `n` tokens at `now` on a bucket whose state is `tat`: the new state,
+    /// or how long until the tokens would be there. In `u128`, so nothing saturates: a sum
+    /// that does not fit the state (settings read mid-change) is refused, never granted.
+    pub(crate) fn step(self, tat: u64, now: u64, n: u32) -> Result<u64, u64> {
+        let cost = u128::from(self.interval) * u128::from(n);
+        let horizon = u128::from(now) + u128::from(self.interval) * u128::from(self.burst);
+        let new_tat = u128::from(tat.max(now)) + cost;
+        if new_tat > horizon {
+            return Err(u64::try_from(new_tat - horizon).unwrap_or(u64::MAX));
+        }
+        u64::try_from(new_tat).map_err(|_| u64::MAX)
+    }
+
+    /// Takes `n` tokens now or later: the new state and the delay until they are due, or
+    /// `None` when that delay would be more than `max_wait` (or the state cannot hold it).
+    pub(crate) fn reserve(self, tat: u64, now: u64, n: u32, max_wait: u64) -> Option<(u64, u64)> {
+        let cost = u128::from(self.interval) * u128::from(n);
+        let horizon = u128::from(now) + u128::from(self.interval) * u128::from(self.burst);
+        let new_tat = u128::from(tat.max(now)) + cost;
+        let delay = u64::try_from(new_tat.saturating_sub(horizon)).ok()?;
+        if delay > max_wait {
+            return None;
+        }
+        Some((u64::try_from(new_tat).ok()?, delay))
+    }
+
+    /// Tokens free at `now` for a bucket at `tat`.
+    pub(crate) fn available(self, tat: u64, now: u64) -> u32 {
+        let horizon = u128::from(now) + u128::from(self.interval) * u128::from(self.burst);
+        let free = horizon.saturating_sub(u128::from(tat.max(now))) / u128::from(self.interval);
+        u32::try_from(free).unwrap_or(u32::MAX)
+    }
 }
 
 pub(crate) fn nanos(duration: Duration) -> u64 {
@@ -140,17 +148,15 @@ pub(crate) struct Tat(AtomicU64);
 
 impl Tat {
     /// Takes `n` tokens if they are there.
-    pub(crate) fn check(&self, now: u64, n: u32, interval: u64, burst: u32) -> Decision {
-        let cost = interval.saturating_mul(u64::from(n));
-        let horizon = now.saturating_add(interval.saturating_mul(u64::from(burst)));
+    pub(crate) fn check(&self, now: u64, n: u32, rate: Rate) -> Decision {
         // Relaxed on the first load and on failure: the CAS itself orders the updates of this
         // one variable, and the state publishes nothing else.
         let mut tat = self.0.load(Ordering::Relaxed);
         loop {
-            let new_tat = tat.max(now).saturating_add(cost);
-            if new_tat > horizon {
-                return Decision::NotYet(new_tat - horizon);
-            }
+            let new_tat = match rate.step(tat, now, n) {
+                Ok(new_tat) => new_tat,
+                Err(wait) => return Decision::NotYet(wait),
+            };
             match self
                 .0
                 .compare_exchange_weak(tat, new_tat, Ordering::Relaxed, Ordering::Relaxed)
@@ -161,35 +167,26 @@ impl Tat {
         }
     }
 
-    /// Takes `n` tokens now or in the future, whatever the state: returns how long until they
-    /// are due, and the `tat` this reservation moved to.
-    pub(crate) fn reserve(&self, now: u64, n: u32, interval: u64, burst: u32) -> (u64, u64) {
-        let cost = interval.saturating_mul(u64::from(n));
-        let horizon = now.saturating_add(interval.saturating_mul(u64::from(burst)));
+    /// Takes `n` tokens now or in the future, unless they would be due after `max_wait`:
+    /// returns the delay until they are due, or `None` (nothing taken).
+    pub(crate) fn reserve(&self, now: u64, n: u32, rate: Rate, max_wait: u64) -> Option<u64> {
         let previous = self
             .0
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |tat| {
-                Some(tat.max(now).saturating_add(cost))
+                rate.reserve(tat, now, n, max_wait)
+                    .map(|(new_tat, _)| new_tat)
             })
-            .unwrap_or_else(|tat| tat);
-        let new_tat = previous.max(now).saturating_add(cost);
-        (new_tat.saturating_sub(horizon), new_tat)
+            .ok()?;
+        rate.reserve(previous, now, n, max_wait)
+            .map(|(_, delay)| delay)
     }
 
-    /// Cancels a reservation of `n` tokens that moved `tat` to `reserved_tat` and was due at
-    /// `due` (Go's `x/time/rate` rule): nothing if it is already due; otherwise the tokens
-    /// not yet re-reserved by later callers (those reserved after it keep their place), and
-    /// never to a time before `now`.
-    pub(crate) fn cancel(&self, now: u64, n: u32, interval: u64, reserved_tat: u64, due: u64) {
-        if due <= now {
-            return;
-        }
-        let cost = interval.saturating_mul(u64::from(n));
+    /// Gives `refund` nanoseconds of tokens back, never making the bucket fuller than full
+    /// (a state before `now`).
+    pub(crate) fn refund(&self, now: u64, refund: u64) {
         let _ = self
             .0
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |tat| {
-                let reserved_after = tat.saturating_sub(reserved_tat);
-                let refund = cost.saturating_sub(reserved_after);
                 Some(tat.saturating_sub(refund).max(now.min(tat)))
             });
     }
@@ -205,6 +202,24 @@ impl Tat {
             });
     }
 
+    /// Moves `tat` so that the tokens available stay the same when the burst changes
+    /// (x/time/rate's `SetBurst`): raising it frees nothing now; lowering it caps what is
+    /// available at the new burst.
+    pub(crate) fn reburst(&self, now: u64, interval: u64, old_burst: u32, new_burst: u32) {
+        let _ = self
+            .0
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |tat| {
+                let base = tat.max(now);
+                Some(if new_burst >= old_burst {
+                    let shift = interval.saturating_mul(u64::from(new_burst - old_burst));
+                    base.saturating_add(shift)
+                } else {
+                    let shift = interval.saturating_mul(u64::from(old_burst - new_burst));
+                    base.saturating_sub(shift).max(now)
+                })
+            });
+    }
+
     pub(crate) fn load(&self) -> u64 {
         self.0.load(Ordering::Relaxed)
     }
@@ -212,13 +227,22 @@ impl Tat {
 
 /// Loom models of the compare-and-swap steps: every interleaving of the threads, on loom's
 /// atomics. Run with `RUSTFLAGS="--cfg taskweave_loom" cargo test -p taskweave-limit --lib`.
+/// (Reservations, cancels and setting changes are serialised by the limiter's lock; what
+/// races here is each of them against lock-free checks.)
 #[cfg(all(test, taskweave_loom))]
 mod loom_models {
     use loom::sync::Arc;
 
-    use super::{Decision, Tat};
+    use super::{Decision, Rate, Tat};
 
     const INTERVAL: u64 = 10;
+
+    fn rate(burst: u32) -> Rate {
+        Rate {
+            interval: INTERVAL,
+            burst,
+        }
+    }
 
     #[test]
     fn concurrent_checks_grant_exactly_the_burst() {
@@ -228,11 +252,11 @@ mod loom_models {
                 .map(|_| {
                     let tat = Arc::clone(&tat);
                     loom::thread::spawn(move || {
-                        matches!(tat.check(0, 1, INTERVAL, 2), Decision::Granted)
+                        matches!(tat.check(0, 1, rate(2)), Decision::Granted)
                     })
                 })
                 .collect();
-            let here = matches!(tat.check(0, 1, INTERVAL, 2), Decision::Granted);
+            let here = matches!(tat.check(0, 1, rate(2)), Decision::Granted);
             let granted = threads
                 .into_iter()
                 .map(|thread| thread.join().unwrap())
@@ -245,21 +269,20 @@ mod loom_models {
     }
 
     #[test]
-    fn a_cancelled_reservation_never_moves_a_later_one() {
+    fn a_refund_racing_a_check_is_neither_lost_nor_doubled() {
         loom::model(|| {
-            // An empty bucket that owes 5 tokens: every reservation lies in the future.
-            let tat = Arc::new(Tat(super::AtomicU64::new(5 * INTERVAL)));
-            let other = {
+            // Empty bucket of 1 that owes one more token (a reservation).
+            let tat = Arc::new(Tat(super::AtomicU64::new(2 * INTERVAL)));
+            let checker = {
                 let tat = Arc::clone(&tat);
-                loom::thread::spawn(move || tat.reserve(0, 1, INTERVAL, 1).1)
+                loom::thread::spawn(move || matches!(tat.check(0, 1, rate(1)), Decision::Granted))
             };
-            let (wait, reserved) = tat.reserve(0, 1, INTERVAL, 1);
-            tat.cancel(0, 1, INTERVAL, reserved, wait);
-            let other_reserved = other.join().unwrap();
-            // Whatever the order, the state ends where the other reservation put it: the
-            // cancelled tokens come back unless the other one was taken after them, and then
-            // the other one keeps its place.
-            assert_eq!(tat.load(), other_reserved);
+            tat.refund(0, INTERVAL);
+            let granted = checker.join().unwrap();
+            // Refund first: the check sees one token freed and takes it (tat back to 2 I);
+            // check first: refused, and the refund leaves I.
+            let expected = if granted { 2 * INTERVAL } else { INTERVAL };
+            assert_eq!(tat.load(), expected);
         });
     }
 
@@ -269,9 +292,7 @@ mod loom_models {
             let tat = Arc::new(Tat::default());
             let checker = {
                 let tat = Arc::clone(&tat);
-                loom::thread::spawn(move || {
-                    matches!(tat.check(0, 1, INTERVAL, 1), Decision::Granted)
-                })
+                loom::thread::spawn(move || matches!(tat.check(0, 1, rate(1)), Decision::Granted))
             };
             // Doubling the interval at `now` = 0 doubles what is owed, never drops it.
             tat.rescale(0, INTERVAL, 2 * INTERVAL);
@@ -280,5 +301,107 @@ mod loom_models {
             let owed = tat.load();
             assert!(owed == INTERVAL || owed == 2 * INTERVAL, "owed {owed}");
         });
+    }
+
+    #[test]
+    fn a_burst_change_racing_a_check_keeps_the_count() {
+        loom::model(|| {
+            // A full bucket of 1 raised to 3: the one token stays one token.
+            let tat = Arc::new(Tat::default());
+            let checker = {
+                let tat = Arc::clone(&tat);
+                loom::thread::spawn(move || matches!(tat.check(0, 1, rate(1)), Decision::Granted))
+            };
+            tat.reburst(0, INTERVAL, 1, 3);
+            let granted = checker.join().unwrap();
+            // Check first (old burst): granted, tat I, then shifted to 3 I. Raise first: the
+            // check (with the old burst 1) sees tat 2 I and is refused.
+            let expected = if granted { 3 * INTERVAL } else { 2 * INTERVAL };
+            assert_eq!(tat.load(), expected);
+            assert_eq!(
+                rate(3).available(tat.load(), 0),
+                if granted { 0 } else { 1 }
+            );
+        });
+    }
+}
+
+/// The algorithm's arithmetic at the extremes (pure functions of `now`).
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::{MAX_WINDOW, Rate};
+    use std::time::Duration;
+
+    #[test]
+    fn an_interval_of_duration_max_allows_the_burst_then_nothing() {
+        for burst in [1, 2, 5, u32::MAX] {
+            let rate = Rate::new(Duration::MAX, burst);
+            assert!(u128::from(rate.interval) * u128::from(rate.burst) <= u128::from(MAX_WINDOW));
+            let now = 1_000;
+            let tat = rate.step(0, now, burst).expect("the whole burst at once");
+            let wait = rate.step(tat, now, 1).unwrap_err();
+            assert!(wait >= rate.interval, "burst {burst}: wait {wait}");
+        }
+    }
+
+    fn interval() -> impl Strategy<Value = Duration> {
+        prop_oneof![
+            (1_u64..1_000).prop_map(Duration::from_nanos),
+            (1_u64..u64::MAX).prop_map(Duration::from_nanos),
+            Just(Duration::MAX),
+            (1_u64..u64::MAX).prop_map(Duration::from_secs),
+        ]
+    }
+
+    proptest! {
+        /// Over any sequence of requests at increasing times, no more tokens are granted than
+        /// the burst plus one per interval elapsed, whatever the interval and burst.
+        #[test]
+        fn grants_never_exceed_the_burst_plus_the_refill(
+            interval in interval(),
+            burst in prop_oneof![1_u32..8, Just(u32::MAX), 1_u32..u32::MAX],
+            steps in proptest::collection::vec((0_u64..1 << 40, 1_u32..4), 1..40),
+        ) {
+            let rate = Rate::new(interval, burst);
+            let (mut tat, mut now, mut granted) = (0_u64, 0_u64, 0_u128);
+            for (advance, n) in steps {
+                now += advance;
+                if n > rate.burst {
+                    continue;
+                }
+                if let Ok(new_tat) = rate.step(tat, now, n) {
+                    tat = new_tat;
+                    granted += u128::from(n);
+                }
+                let allowed = u128::from(rate.burst) + u128::from(now) / u128::from(rate.interval);
+                prop_assert!(granted <= allowed, "{granted} > {allowed}");
+            }
+        }
+
+        /// A reservation is due when the tokens would be there, never sooner, and one beyond
+        /// `max_wait` takes nothing.
+        #[test]
+        fn a_reservation_beyond_its_maximum_wait_takes_nothing(
+            interval in interval(),
+            burst in 1_u32..8,
+            held in 0_u64..1 << 40,
+            max_wait in 0_u64..1 << 40,
+        ) {
+            let rate = Rate::new(interval, burst);
+            let tat = held;
+            match rate.reserve(tat, 0, 1, max_wait) {
+                Some((_, delay)) => {
+                    prop_assert!(delay <= max_wait);
+                    // Due exactly when a check would be granted, not a nanosecond before.
+                    prop_assert!(rate.step(tat, delay, 1).is_ok());
+                    if delay > 0 {
+                        prop_assert!(rate.step(tat, delay - 1, 1).is_err());
+                    }
+                }
+                None => prop_assert!(rate.step(tat, max_wait, 1).is_err()),
+            }
+        }
     }
 }

@@ -4,23 +4,29 @@ use std::collections::HashMap;
 use std::collections::hash_map::RandomState;
 use std::fmt;
 use std::hash::{BuildHasher, Hash};
+use std::marker::PhantomData;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::Duration;
 
-use tokio_util::sync::CancellationToken;
+use tokio_util::sync::{CancellationToken, DropGuard};
 
-use crate::gcra::{Clock, ClockChoice, nanos};
-use crate::{CheckError, WaitError};
+use crate::gcra::{Clock, Rate};
+use crate::{CheckError, KeyedWait, Quota};
 
 const SHARDS: usize = 16;
+
+/// The default bound on keys: 100,000.
+pub const DEFAULT_MAX_KEYS: usize = 100_000;
 
 /// A token bucket per key (a client, an IP address, a tenant), with memory that stays bounded
 /// however many distinct keys pass through.
 ///
 /// - At most `max_keys` buckets exist. A bucket that is full again (its key idle for long
 ///   enough) is the same as no bucket, so forgetting it loses nothing: the limiter's own
-///   eviction task (stopped by its token, or when the limiter is dropped) removes those every
-///   `sweep_every` (by default the time to refill a whole burst).
+///   sweep (a task started at the first use inside a tokio runtime, stopped by the builder's
+///   token or when the last handle is dropped) removes those every `sweep_every` (by default
+///   the time to refill a whole burst). Building one needs no runtime.
 /// - When a new key arrives and its shard is full, full buckets are removed first; if every
 ///   bucket is still draining, the one closest to full is dropped and its key starts again
 ///   with a full burst. The bound therefore wins over the limit: with more keys active at
@@ -28,151 +34,165 @@ const SHARDS: usize = 16;
 ///   not limited, and a client cycling through many keys can exploit that. Size `max_keys`
 ///   above the number of keys you expect to be active within one refill time. (governor's
 ///   keyed limiter grows until someone calls `retain_recent`.) Admitting a new key into a
-///   full shard scans that shard. The eviction task stops when `token` is cancelled or the
-///   last handle is dropped.
-/// - Per key: [`allow`](Self::allow), [`check_n`](Self::check_n), [`wait`](Self::wait), with
-///   the same meaning as [`RateLimiter`](crate::RateLimiter)'s.
+///   full shard scans that shard.
+/// - Per key, the calls of [`RateLimiter`](crate::RateLimiter) with the same meaning:
+///   [`allow`](Self::allow), [`allow_n`](Self::allow_n), [`check_n`](Self::check_n),
+///   [`wait`](Self::wait), [`wait_n`](Self::wait_n), [`reserve_n`](Self::reserve_n) (with
+///   [`KeyedReservation::cancel`]).
+/// - The clock: the time-stamp counter unless built with
+///   [`tokio_clock`](KeyedRateLimiterBuilder::tokio_clock), as for
+///   [`RateLimiter`](crate::RateLimiter).
 ///
 /// # Examples
 ///
 /// ```
-/// use taskweave_limit::KeyedRateLimiter;
-/// use tokio_util::sync::CancellationToken;
+/// use taskweave_limit::{KeyedRateLimiter, Quota};
 ///
-/// # #[tokio::main(flavor = "current_thread", start_paused = true)]
-/// # async fn main() {
-/// let token = CancellationToken::new();
-/// let per_client = KeyedRateLimiter::new(token.clone(), 5, 2, 10_000); // 5/s, bursts of 2
+/// let per_client = KeyedRateLimiter::builder(Quota::per_second(5).with_burst(2))
+///     .max_keys(10_000)
+///     .build();
 /// assert!(per_client.allow(&"alice"));
 /// assert!(per_client.allow(&"alice"));
 /// assert!(!per_client.allow(&"alice"));
 /// assert!(per_client.allow(&"bob")); // every key has its own bucket
 /// assert_eq!(per_client.len(), 2);
-/// token.cancel(); // stops the eviction task
-/// # }
 /// ```
 pub struct KeyedRateLimiter<K> {
     inner: Arc<Inner<K>>,
 }
 
+/// One key's state: its theoretical arrival time (see `gcra.rs`), and when its latest
+/// reservation is due.
+#[derive(Clone, Copy, Debug)]
+struct Bucket {
+    tat: u64,
+    last_due: u64,
+}
+
 struct Inner<K> {
-    /// Chosen at the first use (`Clock::auto`), or earlier by `with_fast_clock` or
-    /// `with_tokio_clock`.
-    clock: ClockChoice,
-    interval: u64,
-    burst: u32,
+    clock: Clock,
+    rate: Rate,
     shard_capacity: usize,
     hasher: RandomState,
-    /// Each key's theoretical arrival time (see `gcra.rs`).
-    shards: Box<[Mutex<HashMap<K, u64>>]>,
-    /// Stops the eviction task as soon as the last handle is dropped.
-    _stop_eviction: tokio_util::sync::DropGuard,
+    shards: Box<[Mutex<HashMap<K, Bucket>>]>,
+    sweep_every: Duration,
+    /// The sweep's token: a child of the builder's, cancelled when the last handle drops.
+    sweep_token: CancellationToken,
+    sweep_started: AtomicBool,
+    _stop_sweep: DropGuard,
+}
+
+/// Settings for a [`KeyedRateLimiter`]; [`build`](Self::build) makes it (no runtime needed).
+#[derive(Debug)]
+#[must_use = "a builder does nothing until `build`"]
+pub struct KeyedRateLimiterBuilder<K> {
+    quota: Quota,
+    max_keys: usize,
+    sweep_every: Option<Duration>,
+    token: Option<CancellationToken>,
+    tokio_clock: bool,
+    _keys: PhantomData<fn() -> K>,
+}
+
+impl<K> KeyedRateLimiterBuilder<K> {
+    /// At most `max_keys` buckets (default [`DEFAULT_MAX_KEYS`]).
+    ///
+    /// # Panics
+    ///
+    /// Panics if `max_keys` is zero.
+    pub fn max_keys(mut self, max_keys: usize) -> Self {
+        assert!(
+            max_keys > 0,
+            "KeyedRateLimiter: max_keys must be greater than zero"
+        );
+        self.max_keys = max_keys;
+        self
+    }
+
+    /// Sweeps idle keys every `every` (default: the time to refill a whole burst).
+    ///
+    /// # Panics
+    ///
+    /// Panics if `every` is zero.
+    pub fn sweep_every(mut self, every: Duration) -> Self {
+        assert!(
+            !every.is_zero(),
+            "KeyedRateLimiter: sweep_every must be greater than zero"
+        );
+        self.sweep_every = Some(every);
+        self
+    }
+
+    /// Stops the sweep when `token` is cancelled (it stops anyway when the last handle is
+    /// dropped); the limiter keeps limiting, keys are then only evicted to make room.
+    pub fn token(mut self, token: CancellationToken) -> Self {
+        self.token = Some(token);
+        self
+    }
+
+    /// Reads tokio's clock, so that tokio's paused clock drives the limiter in tests (see
+    /// [`RateLimiter::with_tokio_clock`](crate::RateLimiter::with_tokio_clock)).
+    pub fn tokio_clock(mut self) -> Self {
+        self.tokio_clock = true;
+        self
+    }
+
+    /// The limiter.
+    pub fn build(self) -> KeyedRateLimiter<K> {
+        let rate = Rate::new(self.quota.interval(), self.quota.burst());
+        let refill = Duration::from_nanos(rate.interval.saturating_mul(u64::from(rate.burst)));
+        let sweep_token = self
+            .token
+            .map_or_else(CancellationToken::new, |token| token.child_token());
+        let shards = SHARDS.min(self.max_keys);
+        KeyedRateLimiter {
+            inner: Arc::new(Inner {
+                clock: if self.tokio_clock {
+                    Clock::tokio()
+                } else {
+                    Clock::fast()
+                },
+                rate,
+                // Fewer shards than 16 for tiny bounds, so that shards × capacity never
+                // exceeds `max_keys`.
+                shard_capacity: self.max_keys / shards,
+                hasher: RandomState::new(),
+                shards: (0..shards).map(|_| Mutex::new(HashMap::new())).collect(),
+                sweep_every: self
+                    .sweep_every
+                    .unwrap_or(refill)
+                    .max(Duration::from_millis(1)),
+                _stop_sweep: sweep_token.clone().drop_guard(),
+                sweep_token,
+                sweep_started: AtomicBool::new(false),
+            }),
+        }
+    }
+}
+
+impl<K> KeyedRateLimiter<K> {
+    /// Settings for a limiter handing out `quota` to each key.
+    pub fn builder(quota: Quota) -> KeyedRateLimiterBuilder<K> {
+        KeyedRateLimiterBuilder {
+            quota,
+            max_keys: DEFAULT_MAX_KEYS,
+            sweep_every: None,
+            token: None,
+            tokio_clock: false,
+            _keys: PhantomData,
+        }
+    }
 }
 
 impl<K> KeyedRateLimiter<K>
 where
     K: Hash + Eq + Clone + Send + Sync + 'static,
 {
-    /// `per_second` tokens per second and bursts of `burst` for each key, at most `max_keys`
-    /// keys, and an eviction task that runs until `token` is cancelled or the limiter dropped.
-    ///
-    /// # Panics
-    ///
-    /// Panics if `per_second`, `burst` or `max_keys` is zero, or outside a tokio runtime.
+    /// A limiter handing out `quota` to each key, with the default settings (at most
+    /// [`DEFAULT_MAX_KEYS`] keys); see [`builder`](Self::builder) for the others.
     #[must_use]
-    pub fn new(token: CancellationToken, per_second: u32, burst: u32, max_keys: usize) -> Self {
-        assert!(
-            per_second > 0,
-            "KeyedRateLimiter::new: rate must be greater than zero"
-        );
-        assert!(
-            per_second <= 1_000_000_000,
-            "KeyedRateLimiter::new: rate must be at most 1,000,000,000 per second"
-        );
-        let interval = Duration::from_secs(1) / per_second;
-        let refill = interval * burst;
-        Self::with_sweep(token, interval, burst, max_keys, refill)
-    }
-
-    /// Like [`new`](Self::new) with one token every `interval`, and the eviction task running
-    /// every `sweep_every`.
-    ///
-    /// # Panics
-    ///
-    /// Panics if `interval`, `burst`, `max_keys` or `sweep_every` is zero, or outside a tokio
-    /// runtime.
-    #[must_use]
-    pub fn with_sweep(
-        token: CancellationToken,
-        interval: Duration,
-        burst: u32,
-        max_keys: usize,
-        sweep_every: Duration,
-    ) -> Self {
-        assert!(
-            !interval.is_zero(),
-            "KeyedRateLimiter: interval must be greater than zero"
-        );
-        assert!(
-            burst > 0,
-            "KeyedRateLimiter: burst must be greater than zero"
-        );
-        assert!(
-            max_keys > 0,
-            "KeyedRateLimiter: max_keys must be greater than zero"
-        );
-        assert!(
-            !sweep_every.is_zero(),
-            "KeyedRateLimiter: sweep_every must be greater than zero"
-        );
-        let eviction = token.child_token();
-        let inner = Arc::new(Inner {
-            _stop_eviction: eviction.clone().drop_guard(),
-            clock: ClockChoice::default(),
-            interval: nanos(interval),
-            burst,
-            // Fewer shards than 16 for tiny bounds, so that shards × capacity never exceeds
-            // `max_keys`.
-            shard_capacity: max_keys / SHARDS.min(max_keys),
-            hasher: RandomState::new(),
-            shards: (0..SHARDS.min(max_keys))
-                .map(|_| Mutex::new(HashMap::new()))
-                .collect(),
-        });
-        let weak = Arc::downgrade(&inner);
-        drop(taskweave_supervise::spawn(
-            "keyed-limiter-eviction",
-            evict_idle(eviction, weak, sweep_every),
-        ));
-        KeyedRateLimiter { inner }
-    }
-
-    /// Reads time from the CPU's time-stamp counter, even where tokio's clock is paused.
-    /// See [`RateLimiter::with_fast_clock`](crate::RateLimiter::with_fast_clock).
-    ///
-    /// # Panics
-    ///
-    /// Panics if the limiter was already used: choose the clock right after construction.
-    #[must_use]
-    pub fn with_fast_clock(self) -> Self {
-        self.inner
-            .clock
-            .choose(Clock::fast(), "KeyedRateLimiter::with_fast_clock");
-        self
-    }
-
-    /// Reads time from tokio's clock, even where it runs in real time at the first use.
-    /// See [`RateLimiter::with_tokio_clock`](crate::RateLimiter::with_tokio_clock).
-    ///
-    /// # Panics
-    ///
-    /// Panics if the limiter was already used: choose the clock right after construction.
-    #[must_use]
-    pub fn with_tokio_clock(self) -> Self {
-        self.inner
-            .clock
-            .choose(Clock::tokio(), "KeyedRateLimiter::with_tokio_clock");
-        self
+    pub fn new(quota: Quota) -> Self {
+        Self::builder(quota).build()
     }
 
     /// Takes one token from `key`'s bucket if there is one.
@@ -182,65 +202,97 @@ where
     }
 
     /// Takes `n` tokens from `key`'s bucket if they are all there.
+    #[must_use]
+    pub fn allow_n(&self, key: &K, n: u32) -> bool {
+        self.check_n(key, n).is_ok()
+    }
+
+    /// Takes `n` tokens from `key`'s bucket if they are all there.
     ///
     /// # Errors
     ///
     /// [`CheckError::NotYet`] or [`CheckError::ExceedsBurst`].
     pub fn check_n(&self, key: &K, n: u32) -> Result<(), CheckError> {
-        let inner = &*self.inner;
-        if n > inner.burst {
-            return Err(CheckError::ExceedsBurst {
-                requested: n,
-                burst: inner.burst,
-            });
-        }
-        let now = inner.clock.get().now();
-        let cost = inner.interval.saturating_mul(u64::from(n));
-        let horizon = now.saturating_add(inner.interval.saturating_mul(u64::from(inner.burst)));
-        let mut shard = inner.shard(key);
-        let tat = match shard.get_mut(key) {
-            Some(tat) => tat,
-            None => {
-                if shard.len() >= inner.shard_capacity {
-                    make_room(&mut shard, now, inner.shard_capacity);
+        self.update(key, n, |rate, bucket, now| {
+            match rate.step(bucket.tat, now, n) {
+                Ok(tat) => {
+                    bucket.tat = tat;
+                    Ok(())
                 }
-                shard.entry(key.clone()).or_insert(now)
+                Err(wait) => Err(CheckError::NotYet {
+                    wait: Duration::from_nanos(wait),
+                }),
             }
-        };
-        let new_tat = (*tat).max(now).saturating_add(cost);
-        if new_tat > horizon {
-            return Err(CheckError::NotYet {
-                wait: Duration::from_nanos(new_tat - horizon),
-            });
-        }
-        *tat = new_tat;
-        Ok(())
+        })
     }
 
-    /// Waits for one token from `key`'s bucket, unless `token` is cancelled first.
+    /// Takes `n` tokens from `key`'s bucket now or in the future; see
+    /// [`RateLimiter::reserve_n`](crate::RateLimiter::reserve_n).
     ///
     /// # Errors
     ///
-    /// [`WaitError::Cancelled`]; nothing is consumed then.
+    /// [`CheckError::ExceedsBurst`].
+    pub fn reserve_n(&self, key: &K, n: u32) -> Result<KeyedReservation<K>, CheckError> {
+        let clock = &self.inner.clock;
+        let (delay, due) = self.update(key, n, |rate, bucket, now| {
+            let Some((tat, delay)) = rate.reserve(bucket.tat, now, n, u64::MAX) else {
+                return Err(CheckError::NotYet {
+                    wait: Duration::MAX,
+                });
+            };
+            bucket.tat = tat;
+            let due = now.saturating_add(delay);
+            bucket.last_due = bucket.last_due.max(due);
+            Ok((delay, due))
+        })?;
+        Ok(KeyedReservation {
+            limiter: self.clone(),
+            key: key.clone(),
+            tokens: n,
+            due: clock.instant(due),
+            due_at: due,
+            delay: Duration::from_nanos(delay),
+        })
+    }
+
+    /// Waits for one token from `key`'s bucket, unless `token` is cancelled first (also when
+    /// it already is).
+    ///
+    /// # Errors
+    ///
+    /// [`WaitError::Cancelled`](crate::WaitError::Cancelled); nothing is consumed then.
     ///
     /// # Cancel safety
     ///
     /// Cancel safe: a token is consumed only when the future completes with `Ok`.
-    pub async fn wait(&self, token: &CancellationToken, key: &K) -> Result<(), WaitError> {
-        loop {
-            let wait = match self.check_n(key, 1) {
-                Ok(()) => return Ok(()),
-                Err(CheckError::NotYet { wait }) => wait,
-                Err(CheckError::ExceedsBurst { requested, burst }) => {
-                    return Err(WaitError::ExceedsBurst { requested, burst });
-                }
-            };
-            tokio::select! {
-                biased;
-                () = token.cancelled() => return Err(WaitError::Cancelled),
-                () = tokio::time::sleep(wait) => {}
-            }
-        }
+    pub fn wait<'a>(&'a self, token: &'a CancellationToken, key: &'a K) -> KeyedWait<'a, K> {
+        self.wait_n(token, key, 1)
+    }
+
+    /// Waits for `n` tokens from `key`'s bucket, unless `token` is cancelled first.
+    ///
+    /// # Errors
+    ///
+    /// [`WaitError::Cancelled`](crate::WaitError::Cancelled) (nothing consumed), or
+    /// [`WaitError::ExceedsBurst`](crate::WaitError::ExceedsBurst) at once.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe, as [`wait`](Self::wait).
+    pub fn wait_n<'a>(
+        &'a self,
+        token: &'a CancellationToken,
+        key: &'a K,
+        n: u32,
+    ) -> KeyedWait<'a, K> {
+        KeyedWait::new(self, token, key, n)
+    }
+
+    /// The quota each key gets.
+    #[must_use]
+    pub fn quota(&self) -> Quota {
+        let rate = self.inner.rate;
+        Quota::every(Duration::from_nanos(rate.interval)).with_burst(rate.burst)
     }
 
     /// The number of keys with a bucket now.
@@ -259,28 +311,153 @@ where
         self.len() == 0
     }
 
-    /// Removes the buckets that are full again (which changes no decision); the eviction task
-    /// calls this periodically. Returns how many were removed.
+    /// Removes the buckets that are full again (which changes no decision); the sweep calls
+    /// this periodically. Returns how many were removed.
     pub fn evict_idle(&self) -> usize {
         self.inner.evict_idle()
     }
+
+    /// Runs `step` on `key`'s bucket (made, evicting to make room, if it has none) under its
+    /// shard's lock, after the burst check.
+    fn update<T>(
+        &self,
+        key: &K,
+        n: u32,
+        step: impl FnOnce(Rate, &mut Bucket, u64) -> Result<T, CheckError>,
+    ) -> Result<T, CheckError> {
+        let inner = &*self.inner;
+        if n > inner.rate.burst {
+            return Err(CheckError::ExceedsBurst {
+                requested: n,
+                burst: inner.rate.burst,
+            });
+        }
+        if !inner.sweep_started.load(Ordering::Relaxed) {
+            self.start_sweep();
+        }
+        let now = inner.clock.now();
+        let mut shard = inner.shard(key);
+        let bucket = match shard.get_mut(key) {
+            Some(bucket) => bucket,
+            None => {
+                if shard.len() >= inner.shard_capacity {
+                    make_room(&mut shard, now, inner.shard_capacity);
+                }
+                shard.entry(key.clone()).or_insert(Bucket {
+                    tat: now,
+                    last_due: 0,
+                })
+            }
+        };
+        step(inner.rate, bucket, now)
+    }
+
+    /// Starts the sweep on the current runtime, once; outside a runtime it is tried again at
+    /// the next use.
+    fn start_sweep(&self) {
+        let inner = &self.inner;
+        if tokio::runtime::Handle::try_current().is_err()
+            || inner.sweep_token.is_cancelled()
+            || inner
+                .sweep_started
+                .compare_exchange(false, true, Ordering::AcqRel, Ordering::Relaxed)
+                .is_err()
+        {
+            return;
+        }
+        drop(taskweave_supervise::spawn(
+            "keyed-limiter-sweep",
+            evict_idle(
+                inner.sweep_token.clone(),
+                Arc::downgrade(inner),
+                inner.sweep_every,
+            ),
+        ));
+    }
 }
 
-impl<K> Inner<K> {}
+/// Tokens taken from one key by [`KeyedRateLimiter::reserve_n`], due after
+/// [`delay`](Self::delay). Dropping it keeps them; [`cancel`](Self::cancel) gives back what is
+/// still in the future.
+#[must_use = "a reservation takes tokens; cancel it to give them back"]
+pub struct KeyedReservation<K: Hash + Eq> {
+    limiter: KeyedRateLimiter<K>,
+    key: K,
+    tokens: u32,
+    due: tokio::time::Instant,
+    due_at: u64,
+    delay: Duration,
+}
+
+impl<K: Hash + Eq> KeyedReservation<K> {
+    /// How long after the reservation the tokens were due (zero: at once).
+    #[must_use]
+    pub fn delay(&self) -> Duration {
+        self.delay
+    }
+
+    /// When the tokens are due.
+    #[must_use]
+    pub fn due(&self) -> tokio::time::Instant {
+        self.due
+    }
+
+    /// Waits until the tokens are due.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: the reservation is unchanged.
+    pub async fn ready(&self) {
+        tokio::time::sleep_until(self.due).await;
+    }
+
+    /// Gives back what is still in the future, with the rules of
+    /// [`Reservation::cancel`](crate::Reservation::cancel). If the key's bucket was evicted in
+    /// the meantime there is nothing to give back to.
+    pub fn cancel(self) {
+        let inner = &*self.limiter.inner;
+        let now = inner.clock.now();
+        if self.due_at < now {
+            return;
+        }
+        let mut shard = inner.shard(&self.key);
+        let Some(bucket) = shard.get_mut(&self.key) else {
+            return;
+        };
+        let cost = inner.rate.interval.saturating_mul(u64::from(self.tokens));
+        let refund = cost.saturating_sub(bucket.last_due.saturating_sub(self.due_at));
+        bucket.tat = bucket.tat.saturating_sub(refund).max(now.min(bucket.tat));
+        if bucket.last_due == self.due_at {
+            let before = self.due_at.saturating_sub(cost);
+            if before >= now {
+                bucket.last_due = before;
+            }
+        }
+    }
+}
+
+impl<K: Hash + Eq> fmt::Debug for KeyedReservation<K> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("KeyedReservation")
+            .field("tokens", &self.tokens)
+            .field("delay", &self.delay)
+            .finish_non_exhaustive()
+    }
+}
 
 impl<K: Hash + Eq> Inner<K> {
-    fn shard(&self, key: &K) -> MutexGuard<'_, HashMap<K, u64>> {
+    fn shard(&self, key: &K) -> MutexGuard<'_, HashMap<K, Bucket>> {
         let index = (self.hasher.hash_one(key) as usize) % self.shards.len();
         lock(&self.shards[index])
     }
 
     fn evict_idle(&self) -> usize {
-        let now = self.clock.get().now();
+        let now = self.clock.now();
         let mut removed = 0;
         for shard in &*self.shards {
             let mut shard = lock(shard);
             let before = shard.len();
-            shard.retain(|_, tat| *tat > now);
+            shard.retain(|_, bucket| bucket.tat > now);
             removed += before - shard.len();
         }
         removed
@@ -288,14 +465,14 @@ impl<K: Hash + Eq> Inner<K> {
 }
 
 /// Makes room in a full shard: drop the full buckets, or else the one closest to full.
-fn make_room<K: Hash + Eq + Clone>(shard: &mut HashMap<K, u64>, now: u64, capacity: usize) {
-    shard.retain(|_, tat| *tat > now);
+fn make_room<K: Hash + Eq + Clone>(shard: &mut HashMap<K, Bucket>, now: u64, capacity: usize) {
+    shard.retain(|_, bucket| bucket.tat > now);
     if shard.len() < capacity {
         return;
     }
     let closest = shard
         .iter()
-        .min_by_key(|(_, tat)| **tat)
+        .min_by_key(|(_, bucket)| bucket.tat)
         .map(|(key, _)| key.clone());
     if let Some(key) = closest {
         shard.remove(&key);
@@ -312,9 +489,10 @@ async fn evict_idle<K: Hash + Eq>(
     limiter: Weak<Inner<K>>,
     every: Duration,
 ) {
-    let mut interval = tokio::time::interval(every);
+    // The first sweep one period from now; every wait is raced against the token, so the
+    // task ends as soon as the limiter is dropped.
+    let mut interval = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
     interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    interval.tick().await;
     loop {
         tokio::select! {
             biased;
@@ -354,8 +532,8 @@ impl<K> Clone for KeyedRateLimiter<K> {
 impl<K> fmt::Debug for KeyedRateLimiter<K> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("KeyedRateLimiter")
-            .field("interval", &Duration::from_nanos(self.inner.interval))
-            .field("burst", &self.inner.burst)
+            .field("interval", &Duration::from_nanos(self.inner.rate.interval))
+            .field("burst", &self.inner.rate.burst)
             .field(
                 "max_keys",
                 &(self.inner.shard_capacity * self.inner.shards.len()),

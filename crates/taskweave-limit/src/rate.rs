@@ -1,61 +1,77 @@
 //! `RateLimiter`: a token bucket (GCRA) with wait, allow, reserve, and live reconfiguration.
 
 use std::fmt;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use crate::gcra::{Clock, ClockChoice, Decision, Tat, nanos};
-use crate::{CheckError, WaitError};
+use crate::gcra::{Clock, Decision, Rate, Tat, nanos};
+use crate::{CheckError, Quota, Wait};
 
-/// A token bucket: `burst` tokens, refilled at `rate` per second.
+/// A token bucket: [`Quota::burst`] tokens, one more every [`Quota::interval`].
 ///
-/// - [`allow`](Self::allow) / [`check_n`](Self::check_n) never wait.
+/// - [`allow`](Self::allow) / [`allow_n`](Self::allow_n) / [`check_n`](Self::check_n) never
+///   wait.
 /// - [`wait`](Self::wait) / [`wait_n`](Self::wait_n) wait for the tokens or the caller's
-///   token; a cancelled wait consumes nothing.
+///   token; a token already cancelled gets [`WaitError::Cancelled`](crate::WaitError::Cancelled) even with tokens free,
+///   and a cancelled wait takes nothing. [`wait_n_within`](Self::wait_n_within) fails at once
+///   when the wait would be longer than allowed (Go's `WaitN` with a context deadline).
 /// - [`reserve`](Self::reserve) takes tokens now or in the future and says how long until
-///   they are due; [`Reservation::cancel`] gives them back (Go's `Reserve`).
+///   they are due; [`Reservation::cancel`] gives them back (Go's `Reserve`, with
+///   x/time/rate's refund rules); [`reserve_within`](Self::reserve_within) takes nothing
+///   when they would be due too late.
 /// - A request for more tokens than the burst is an error at once, never a wait for ever.
-/// - [`set_rate`](Self::set_rate) and [`set_burst`](Self::set_burst) change a live limiter
-///   without resetting it.
+/// - [`set_quota`](Self::set_quota), [`set_interval`](Self::set_interval),
+///   [`set_rate`](Self::set_rate) and [`set_burst`](Self::set_burst) change a live limiter
+///   without resetting it (x/time/rate's `SetLimit` and `SetBurst`: the tokens available stay
+///   what they were).
 ///
-/// Time follows tokio's: with `start_paused` tests the limiter follows the paused clock.
+/// # The clock
 ///
-/// # Comparison to governor
-///
-/// The algorithm is governor's (GCRA, one atomic per bucket). This type is written here
-/// rather than wrapped around governor because governor keeps its state private: a
-/// reservation that can be given back and a rate change that keeps the tokens owed both need
-/// it.
-///
-/// The clock is chosen at the limiter's first use. Where tokio's clock runs in real time
-/// (production, or outside a runtime), the limiter reads the CPU's time-stamp counter through
-/// `quanta`, as governor does, and `allow` costs what governor's `check` costs. Where tokio's
-/// clock is paused (`#[tokio::test(start_paused = true)]`), it reads tokio's clock instead, so
-/// tests drive it with `advance` and auto-advance, which governor's default clock ignores.
-/// [`with_tokio_clock`](Self::with_tokio_clock) and [`with_fast_clock`](Self::with_fast_clock)
-/// make the choice explicit, for a limiter first used before a test calls
-/// `tokio::time::pause()`. The first time-stamp-counter limiter of a process calibrates the
-/// counter (quanta: 0.5 ms at least, 200 ms at most, once). See `docs/benchmarks.md` for the
-/// figures.
+/// A limiter reads the CPU's time-stamp counter (through `quanta`, as governor does) unless
+/// it was built with [`with_tokio_clock`](Self::with_tokio_clock), whatever the runtime and
+/// whenever it is first used; build it with `with_tokio_clock` to drive it with tokio's
+/// paused clock in tests. (On the time-stamp counter, a wait in a paused test sleeps on
+/// tokio's timer and checks real time again, so it spins until real time catches up.) The
+/// first time-stamp-counter limiter of a process calibrates the counter (quanta: 0.5 ms at
+/// least, 200 ms at most, once).
 ///
 /// Waiters are not queued: a [`wait_n`](Self::wait_n) for many tokens checks again when they
 /// are due and can be overtaken by callers taking one token at a time. Use
 /// [`reserve_n`](Self::reserve_n) to hold a place.
 ///
+/// # Comparison to governor
+///
+/// The algorithm is governor's (GCRA, one atomic per bucket). This type is written here
+/// rather than wrapped around governor because governor keeps its state private and its
+/// quota fixed at construction (its issue 273): a reservation that can be given back and a
+/// rate change that keeps the tokens owed both need the state. governor stays the peer in
+/// the benchmark (`docs/benchmarks.md`), and with the `governor` feature its `Quota` converts
+/// into ours.
+///
+/// | | governor | taskweave |
+/// |---|---|---|
+/// | check without waiting | `check`, `check_n` | `allow`, `allow_n`, `check_n` (`NotYet` with the wait, `ExceedsBurst`) |
+/// | wait | `until_ready` (no cancellation, no deadline) | `wait(&token)`, `wait_n_within` (fails at once past a deadline) |
+/// | reserve, and give back | no | `reserve_n`, `reserve_within`, `Reservation::cancel` |
+/// | change the rate or burst live | no (quota fixed) | `set_quota`, `set_interval`, `set_burst` |
+/// | keyed | `DashMap` / `HashMap` stores, grows until `retain_recent` | bounded keys, evicts idle keys itself |
+/// | state stores, jitter, middleware | yes (pluggable stores, `Jitter`, `until_ready_with_jitter`) | no |
+/// | paused-clock tests | its own fake clock | tokio's paused clock (`with_tokio_clock`) |
+///
 /// # Examples
 ///
 /// ```
 /// use std::time::Duration;
-/// use taskweave_limit::RateLimiter;
+/// use taskweave_limit::{Quota, RateLimiter};
 /// use tokio::time::Instant;
 /// use tokio_util::sync::CancellationToken;
 ///
 /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
 /// # async fn main() {
-/// let limiter = RateLimiter::new(10, 2); // 10 per second, bursts of 2
+/// let limiter = RateLimiter::new(Quota::per_second(10).with_burst(2)).with_tokio_clock();
 /// assert!(limiter.allow());
 /// assert!(limiter.allow());
 /// assert!(!limiter.allow()); // burst spent
@@ -71,97 +87,60 @@ pub struct RateLimiter {
 }
 
 struct Inner {
-    /// Chosen at the first use (`Clock::auto`), or earlier by `with_fast_clock` or
-    /// `with_tokio_clock`.
-    clock: ClockChoice,
+    clock: Clock,
     tat: Tat,
-    /// Nanoseconds per token.
+    /// Nanoseconds per token, as used: the interval asked for, shortened if the burst
+    /// window would pass `MAX_WINDOW`.
     interval: AtomicU64,
     burst: AtomicU32,
+    /// Reservations, cancels and setting changes, one at a time; checks never take it.
+    books: Mutex<Books>,
 }
 
-impl Inner {}
+struct Books {
+    /// The interval asked for (the effective one may be shorter, see `Rate::new`).
+    asked: Duration,
+    /// When the latest reservation is due (x/time/rate's `lastEvent`): a cancelled
+    /// reservation gives back only what was not reserved after it.
+    last_due: u64,
+}
 
 impl RateLimiter {
-    /// `per_second` tokens per second, at most `burst` at once.
-    ///
-    /// # Panics
-    ///
-    /// Panics if `per_second` or `burst` is zero, or `per_second` is above 10⁹ (the clock
-    /// counts nanoseconds).
+    /// A limiter handing out `quota`: `RateLimiter::new(Quota::per_second(50).with_burst(5))`.
     #[must_use]
-    pub fn new(per_second: u32, burst: u32) -> Self {
-        assert!(
-            per_second > 0,
-            "RateLimiter::new: rate must be greater than zero"
-        );
-        assert!(
-            per_second <= 1_000_000_000,
-            "RateLimiter::new: rate must be at most 1,000,000,000 per second"
-        );
-        Self::with_interval(Duration::from_secs(1) / per_second, burst)
+    pub fn new(quota: Quota) -> Self {
+        Self::with_clock(quota, Clock::fast())
     }
 
-    /// One token every `interval`, at most `burst` at once.
-    ///
-    /// # Panics
-    ///
-    /// Panics if `interval` or `burst` is zero.
-    #[must_use]
-    pub fn with_interval(interval: Duration, burst: u32) -> Self {
-        assert!(
-            !interval.is_zero(),
-            "RateLimiter: interval must be greater than zero"
-        );
-        assert!(burst > 0, "RateLimiter: burst must be greater than zero");
+    fn with_clock(quota: Quota, clock: Clock) -> Self {
+        let rate = Rate::new(quota.interval(), quota.burst());
         RateLimiter {
             inner: Arc::new(Inner {
-                clock: ClockChoice::default(),
+                clock,
                 tat: Tat::default(),
-                interval: AtomicU64::new(nanos(interval)),
-                burst: AtomicU32::new(burst),
+                interval: AtomicU64::new(rate.interval),
+                burst: AtomicU32::new(rate.burst),
+                books: Mutex::new(Books {
+                    asked: quota.interval(),
+                    last_due: 0,
+                }),
             }),
         }
     }
 
-    /// Reads time from the CPU's time-stamp counter (through `quanta`, as governor does),
-    /// even where tokio's clock is paused at the first use. The limiter then no
-    /// longer follows tokio's paused clock.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use taskweave_limit::RateLimiter;
-    ///
-    /// let limiter = RateLimiter::new(1_000, 10).with_fast_clock();
-    /// assert!(limiter.allow());
-    /// ```
-    ///
-    /// # Panics
-    ///
-    /// Panics if the limiter was already used: choose the clock right after construction.
-    #[must_use]
-    pub fn with_fast_clock(self) -> Self {
-        self.inner
-            .clock
-            .choose(Clock::fast(), "RateLimiter::with_fast_clock");
-        self
-    }
-
-    /// Reads time from tokio's clock (`tokio::time::Instant`), even where it runs in real time
-    /// at the first use: for a limiter used before a test calls `tokio::time::pause()`. Each check
-    /// then costs one more system clock read (about 20 ns) than on the time-stamp counter.
+    /// Reads time from tokio's clock (`tokio::time::Instant`) instead of the time-stamp
+    /// counter, so that tokio's paused clock drives the limiter in tests. Each check then costs
+    /// one more system clock read (about 20 ns) outside a paused runtime.
     ///
     /// # Examples
     ///
     /// ```
     /// use std::time::Duration;
-    /// use taskweave_limit::RateLimiter;
+    /// use taskweave_limit::{Quota, RateLimiter};
     ///
-    /// # #[tokio::main(flavor = "current_thread")]
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
     /// # async fn main() {
-    /// let limiter = RateLimiter::new(10, 1).with_tokio_clock();
-    /// tokio::time::pause();
+    /// let limiter = RateLimiter::new(Quota::per_second(10).with_burst(1)).with_tokio_clock();
     /// assert!(limiter.allow());
     /// assert!(!limiter.allow());
     /// tokio::time::advance(Duration::from_millis(100)).await;
@@ -171,19 +150,28 @@ impl RateLimiter {
     ///
     /// # Panics
     ///
-    /// Panics if the limiter was already used: choose the clock right after construction.
+    /// Panics if the limiter was already cloned or used: choose the clock right after
+    /// construction.
     #[must_use]
+    #[track_caller]
     pub fn with_tokio_clock(self) -> Self {
-        self.inner
-            .clock
-            .choose(Clock::tokio(), "RateLimiter::with_tokio_clock");
-        self
+        assert!(
+            Arc::strong_count(&self.inner) == 1 && self.inner.tat.load() == 0,
+            "RateLimiter::with_tokio_clock: choose the clock right after construction"
+        );
+        Self::with_clock(self.quota(), Clock::tokio())
     }
 
     /// Takes one token if there is one.
     #[must_use]
     pub fn allow(&self) -> bool {
         self.check_n(1).is_ok()
+    }
+
+    /// Takes `n` tokens if they are all there (`false` too when `n` is above the burst).
+    #[must_use]
+    pub fn allow_n(&self, n: u32) -> bool {
+        self.check_n(n).is_ok()
     }
 
     /// Takes `n` tokens if they are all there.
@@ -193,18 +181,14 @@ impl RateLimiter {
     /// [`CheckError::NotYet`] with the time until they would be, or
     /// [`CheckError::ExceedsBurst`] when `n` is more than the burst.
     pub fn check_n(&self, n: u32) -> Result<(), CheckError> {
-        let (interval, burst) = self.settings();
-        if n > burst {
+        let rate = self.rate();
+        if n > rate.burst {
             return Err(CheckError::ExceedsBurst {
                 requested: n,
-                burst,
+                burst: rate.burst,
             });
         }
-        match self
-            .inner
-            .tat
-            .check(self.inner.clock.get().now(), n, interval, burst)
-        {
+        match self.inner.tat.check(self.inner.clock.now(), n, rate) {
             Decision::Granted => Ok(()),
             Decision::NotYet(wait) => Err(CheckError::NotYet {
                 wait: Duration::from_nanos(wait),
@@ -212,44 +196,72 @@ impl RateLimiter {
         }
     }
 
-    /// Waits for one token, unless `token` is cancelled first.
+    /// Waits for one token, unless `token` is cancelled first (also when it already is:
+    /// then nothing is taken, even if a token is free).
     ///
     /// # Errors
     ///
-    /// [`WaitError::Cancelled`]; no token is consumed then.
+    /// [`WaitError::Cancelled`](crate::WaitError::Cancelled); no token is consumed then.
     ///
     /// # Cancel safety
     ///
     /// Cancel safe: a token is consumed only when the future completes with `Ok`.
-    pub async fn wait(&self, token: &CancellationToken) -> Result<(), WaitError> {
-        self.wait_n(token, 1).await
+    pub fn wait<'a>(&'a self, token: &'a CancellationToken) -> Wait<'a> {
+        self.wait_n(token, 1)
     }
 
     /// Waits for `n` tokens at once, unless `token` is cancelled first.
     ///
     /// # Errors
     ///
-    /// [`WaitError::Cancelled`] (nothing consumed), or [`WaitError::ExceedsBurst`] at once.
+    /// [`WaitError::Cancelled`](crate::WaitError::Cancelled) (nothing consumed), or [`WaitError::ExceedsBurst`](crate::WaitError::ExceedsBurst) at once.
     ///
     /// # Cancel safety
     ///
     /// Cancel safe, as [`wait`](Self::wait).
-    pub async fn wait_n(&self, token: &CancellationToken, n: u32) -> Result<(), WaitError> {
-        loop {
-            let wait = match self.check_n(n) {
-                Ok(()) => return Ok(()),
-                Err(CheckError::ExceedsBurst { requested, burst }) => {
-                    return Err(WaitError::ExceedsBurst { requested, burst });
-                }
-                Err(CheckError::NotYet { wait }) => wait,
-            };
-            tokio::select! {
-                biased;
-                () = token.cancelled() => return Err(WaitError::Cancelled),
-                // Someone else may take the tokens first: check again when they are due.
-                () = tokio::time::sleep(wait) => {}
-            }
-        }
+    pub fn wait_n<'a>(&'a self, token: &'a CancellationToken, n: u32) -> Wait<'a> {
+        Wait::new(self, token, n, None)
+    }
+
+    /// Like [`wait_n`](Self::wait_n), but fails at once with
+    /// [`WaitError::WouldExceedDeadline`](crate::WaitError::WouldExceedDeadline) (nothing taken) when the tokens would come later
+    /// than `max_wait` from the first poll: Go's `WaitN` with a context deadline. A request
+    /// with a budget of 50 ms answers "too busy" now instead of after 50 ms.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use taskweave_limit::{Quota, RateLimiter, WaitError};
+    /// use tokio_util::sync::CancellationToken;
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() {
+    /// let limiter = RateLimiter::new(Quota::per_second(1)).with_tokio_clock();
+    /// let token = CancellationToken::new();
+    /// limiter.wait(&token).await.unwrap(); // the burst of 1
+    /// let budget = Duration::from_millis(50);
+    /// assert!(matches!(
+    ///     limiter.wait_n_within(&token, 1, budget).await,
+    ///     Err(WaitError::WouldExceedDeadline { .. })
+    /// ));
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`wait_n`](Self::wait_n), and [`WaitError::WouldExceedDeadline`](crate::WaitError::WouldExceedDeadline).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe, as [`wait`](Self::wait).
+    pub fn wait_n_within<'a>(
+        &'a self,
+        token: &'a CancellationToken,
+        n: u32,
+        max_wait: Duration,
+    ) -> Wait<'a> {
+        Wait::new(self, token, n, Some(max_wait))
     }
 
     /// Takes one token now or in the future; see [`reserve_n`](Self::reserve_n).
@@ -270,51 +282,84 @@ impl RateLimiter {
     ///
     /// [`CheckError::ExceedsBurst`] when `n` is more than the burst.
     pub fn reserve_n(&self, n: u32) -> Result<Reservation, CheckError> {
-        let (interval, burst) = self.settings();
-        if n > burst {
+        self.reserve_within(n, Duration::MAX)
+    }
+
+    /// Like [`reserve_n`](Self::reserve_n), but takes nothing when the tokens would be due
+    /// later than `max_wait` from now (x/time/rate's `ReserveN` with a maximum future
+    /// reservation): `CheckError::NotYet` then says how long it would have been.
+    ///
+    /// # Errors
+    ///
+    /// [`CheckError::ExceedsBurst`], or [`CheckError::NotYet`] (nothing taken).
+    pub fn reserve_within(&self, n: u32, max_wait: Duration) -> Result<Reservation, CheckError> {
+        let mut books = self.books();
+        let rate = self.rate();
+        if n > rate.burst {
             return Err(CheckError::ExceedsBurst {
                 requested: n,
-                burst,
+                burst: rate.burst,
             });
         }
-        let now = self.inner.clock.get().now();
-        let (delay, reserved_tat) = self.inner.tat.reserve(now, n, interval, burst);
+        let now = self.inner.clock.now();
+        let Some(delay) = self.inner.tat.reserve(now, n, rate, nanos(max_wait)) else {
+            let wait = match rate.reserve(self.inner.tat.load(), now, n, u64::MAX) {
+                Some((_, delay)) => Duration::from_nanos(delay),
+                None => Duration::MAX,
+            };
+            return Err(CheckError::NotYet { wait });
+        };
         let due = now.saturating_add(delay);
+        books.last_due = books.last_due.max(due);
         Ok(Reservation {
             limiter: self.clone(),
             tokens: n,
-            due: self.inner.clock.get().instant(due),
+            due: self.inner.clock.instant(due),
             due_at: due,
-            reserved_tat,
             delay: Duration::from_nanos(delay),
-            interval,
+            interval: rate.interval,
         })
     }
 
-    /// Changes the rate of a live limiter. The tokens owed stay owed: a drained bucket stays
-    /// drained and refills at the new rate (its state is rescaled, not reset). Callers already
-    /// sleeping on a delay computed at the old rate wake at that time and check again.
+    /// Changes the rate and the burst of a live limiter; see [`set_interval`](Self::set_interval)
+    /// and [`set_burst`](Self::set_burst).
+    pub fn set_quota(&self, quota: Quota) {
+        let mut books = self.books();
+        self.change(&mut books, quota.interval(), quota.burst());
+    }
+
+    /// Changes the time between two tokens of a live limiter (any rate, fractional ones
+    /// included). The tokens available stay what they were (a drained bucket stays drained
+    /// and refills at the new rate: its state is rescaled, not reset), as x/time/rate's
+    /// `SetLimit`. Callers already sleeping on a delay computed at the old rate wake at that
+    /// time and check again.
+    ///
+    /// # Panics
+    ///
+    /// Panics if `interval` is zero.
+    pub fn set_interval(&self, interval: Duration) {
+        assert!(
+            !interval.is_zero(),
+            "RateLimiter::set_interval: the interval must be greater than zero"
+        );
+        let mut books = self.books();
+        let burst = self.rate().burst;
+        self.change(&mut books, interval, burst);
+    }
+
+    /// [`set_interval`](Self::set_interval) for `per_second` tokens a second.
     ///
     /// # Panics
     ///
     /// Panics if `per_second` is zero or above 10⁹.
     pub fn set_rate(&self, per_second: u32) {
-        assert!(
-            per_second > 0,
-            "RateLimiter::set_rate: rate must be greater than zero"
-        );
-        assert!(
-            per_second <= 1_000_000_000,
-            "RateLimiter::set_rate: rate must be at most 1,000,000,000 per second"
-        );
-        let new = nanos(Duration::from_secs(1) / per_second);
-        let old = self.inner.interval.swap(new, Ordering::Relaxed);
-        self.inner
-            .tat
-            .rescale(self.inner.clock.get().now(), old, new);
+        let interval = Quota::per_second(per_second).interval();
+        self.set_interval(interval);
     }
 
-    /// Changes the burst of a live limiter.
+    /// Changes the burst of a live limiter. The tokens available now stay what they were
+    /// (x/time/rate's `SetBurst`): raising the burst frees nothing at once, the bucket just
+    /// fills higher; lowering it caps what is available at the new burst.
     ///
     /// # Panics
     ///
@@ -324,38 +369,78 @@ impl RateLimiter {
             burst > 0,
             "RateLimiter::set_burst: burst must be greater than zero"
         );
-        self.inner.burst.store(burst, Ordering::Relaxed);
+        let mut books = self.books();
+        let asked = books.asked;
+        self.change(&mut books, asked, burst);
+    }
+
+    /// Applies new settings under the books' lock: the rescale for the interval first, then
+    /// the shift for the burst, then the settings themselves.
+    fn change(&self, books: &mut Books, interval: Duration, burst: u32) {
+        let old = self.rate();
+        let new = Rate::new(interval, burst);
+        let now = self.inner.clock.now();
+        books.asked = interval;
+        if new.interval != old.interval {
+            self.inner.tat.rescale(now, old.interval, new.interval);
+            self.inner.interval.store(new.interval, Ordering::Relaxed);
+        }
+        if new.burst != old.burst {
+            self.inner
+                .tat
+                .reburst(now, new.interval, old.burst, new.burst);
+            self.inner.burst.store(new.burst, Ordering::Relaxed);
+        }
+    }
+
+    /// The current quota (the interval as used: see [`Quota::every`] for the longest one).
+    #[must_use]
+    pub fn quota(&self) -> Quota {
+        let rate = self.rate();
+        Quota::every(Duration::from_nanos(rate.interval)).with_burst(rate.burst)
     }
 
     /// The current burst.
     #[must_use]
     pub fn burst(&self) -> u32 {
-        self.inner.burst.load(Ordering::Relaxed)
+        self.rate().burst
     }
 
     /// The current time between two tokens.
     #[must_use]
     pub fn interval(&self) -> Duration {
-        Duration::from_nanos(self.inner.interval.load(Ordering::Relaxed))
+        Duration::from_nanos(self.rate().interval)
     }
 
     /// Tokens available now (what `check_n` would grant).
     #[must_use]
     pub fn available(&self) -> u32 {
-        let (interval, burst) = self.settings();
-        let now = self.inner.clock.get().now();
-        let horizon = now.saturating_add(interval.saturating_mul(u64::from(burst)));
-        let tat = self.inner.tat.load().max(now);
-        u32::try_from(horizon.saturating_sub(tat) / interval).unwrap_or(u32::MAX)
+        self.rate()
+            .available(self.inner.tat.load(), self.inner.clock.now())
+    }
+
+    /// `true` when the limiter reads tokio's clock ([`with_tokio_clock`](Self::with_tokio_clock)).
+    #[must_use]
+    pub fn uses_tokio_clock(&self) -> bool {
+        self.inner.clock.is_tokio()
     }
 
     // Relaxed: the two settings are read independently; a request that sees a new rate with
-    // an old burst (or the reverse) during a reconfiguration is acceptable.
-    fn settings(&self) -> (u64, u32) {
-        (
-            self.inner.interval.load(Ordering::Relaxed),
-            self.inner.burst.load(Ordering::Relaxed),
-        )
+    // an old burst (or the reverse) during a reconfiguration is acceptable, and `Rate::step`
+    // refuses a mixture whose sums do not fit rather than granting it.
+    fn rate(&self) -> Rate {
+        Rate {
+            interval: self.inner.interval.load(Ordering::Relaxed),
+            burst: self.inner.burst.load(Ordering::Relaxed),
+        }
+    }
+
+    fn books(&self) -> std::sync::MutexGuard<'_, Books> {
+        // Two plain fields, each update complete before the lock is released.
+        self.inner
+            .books
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
     }
 }
 
@@ -365,6 +450,7 @@ impl fmt::Debug for RateLimiter {
             .field("interval", &self.interval())
             .field("burst", &self.burst())
             .field("available", &self.available())
+            .field("tokio_clock", &self.uses_tokio_clock())
             .finish()
     }
 }
@@ -379,8 +465,8 @@ pub struct Reservation {
     tokens: u32,
     due: tokio::time::Instant,
     due_at: u64,
-    reserved_tat: u64,
     delay: Duration,
+    /// The interval the tokens were taken at.
     interval: u64,
 }
 
@@ -397,6 +483,12 @@ impl Reservation {
         self.due
     }
 
+    /// How many tokens it holds.
+    #[must_use]
+    pub fn tokens(&self) -> u32 {
+        self.tokens
+    }
+
     /// Waits until the tokens are due.
     ///
     /// # Cancel safety
@@ -406,18 +498,39 @@ impl Reservation {
         tokio::time::sleep_until(self.due).await;
     }
 
-    /// Gives back the tokens that are still in the future, as Go's `Reservation.Cancel` does:
-    /// nothing once they are due; otherwise the tokens not already reserved by later callers
-    /// (whose due times stay as they were), to whoever asks next.
+    /// Gives back the tokens that are still in the future, as x/time/rate's
+    /// `Reservation.Cancel`: nothing once the due time has passed (at the due instant itself
+    /// they still come back); otherwise the tokens not already reserved by later callers
+    /// (whose due times stay as they were), counted at the rate they were taken at and given
+    /// back at today's rate (so a `set_interval` in between refunds what those tokens are
+    /// worth now), never more than the burst.
     pub fn cancel(self) {
-        let inner = &self.limiter.inner;
-        inner.tat.cancel(
-            inner.clock.get().now(),
-            self.tokens,
-            self.interval,
-            self.reserved_tat,
-            self.due_at,
-        );
+        let limiter = &self.limiter;
+        let mut books = limiter.books();
+        let now = limiter.inner.clock.now();
+        if self.due_at < now {
+            return;
+        }
+        let cost = u128::from(self.interval) * u128::from(self.tokens);
+        // Reserved after this one, in time at this one's interval.
+        let after = u128::from(books.last_due.saturating_sub(self.due_at));
+        let refund = cost.saturating_sub(after);
+        if refund == 0 {
+            return;
+        }
+        let interval_now = u128::from(limiter.rate().interval);
+        let refund_now = refund * interval_now / u128::from(self.interval.max(1));
+        limiter
+            .inner
+            .tat
+            .refund(now, u64::try_from(refund_now).unwrap_or(u64::MAX));
+        if books.last_due == self.due_at {
+            // This was the latest: the one before it is now (if it is still ahead).
+            let before = u64::try_from(u128::from(self.due_at).saturating_sub(cost)).unwrap_or(0);
+            if before >= now {
+                books.last_due = before;
+            }
+        }
     }
 }
 

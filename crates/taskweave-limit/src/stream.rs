@@ -28,14 +28,14 @@ pub trait RateLimitExt: Stream + Sized {
     /// ```
     /// use std::time::Duration;
     /// use futures::StreamExt;
-    /// use taskweave_limit::{RateLimitExt, RateLimiter};
+    /// use taskweave_limit::{Quota, RateLimitExt, RateLimiter};
     /// use tokio::time::Instant;
     ///
     /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
     /// # async fn main() {
     /// let started = Instant::now();
     /// let sent: Vec<u32> = futures::stream::iter(1..=4)
-    ///     .rate_limited(RateLimiter::new(10, 1)) // one every 100 ms
+    ///     .rate_limited(RateLimiter::new(Quota::per_second(10).with_burst(1)).with_tokio_clock())
     ///     .collect()
     ///     .await;
     /// assert_eq!(sent, [1, 2, 3, 4]);

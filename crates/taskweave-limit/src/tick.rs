@@ -96,6 +96,10 @@ impl TickLimiter {
     /// Cancel safe: a dropped wait gives its slot back like a cancelled one (when no later
     /// caller took the slot after it).
     pub async fn wait(&self, token: &CancellationToken) -> Result<(), WaitError> {
+        // A cancellation observed before the slot is taken wins: no slot is taken at all.
+        if token.is_cancelled() {
+            return Err(WaitError::Cancelled);
+        }
         let closed = self.inner.closed_notify.notified();
         let mut closed = std::pin::pin!(closed);
         closed.as_mut().enable();

@@ -2,14 +2,25 @@
 
 use std::time::Duration;
 
-use taskweave_limit::{KeyedRateLimiter, WaitError};
+use taskweave_limit::{CheckError, KeyedRateLimiter, Quota, WaitError};
 use taskweave_testkit::{alive_tasks, assert_no_leaked_tasks};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+/// `per_second` a second per key in bursts of `burst`, at most `max_keys`, on tokio's clock.
+fn paused<K>(
+    per_second: u32,
+    burst: u32,
+    max_keys: usize,
+) -> taskweave_limit::KeyedRateLimiterBuilder<K> {
+    KeyedRateLimiter::builder(Quota::per_second(per_second).with_burst(burst))
+        .max_keys(max_keys)
+        .tokio_clock()
+}
+
 #[tokio::test(start_paused = true)]
 async fn every_key_has_its_own_bucket() {
-    let limiter = KeyedRateLimiter::new(CancellationToken::new(), 10, 2, 100);
+    let limiter = paused(10, 2, 100).build();
     assert!(limiter.allow(&1) && limiter.allow(&1));
     assert!(!limiter.allow(&1));
     assert!(limiter.allow(&2));
@@ -23,7 +34,7 @@ async fn every_key_has_its_own_bucket() {
 async fn a_million_distinct_keys_never_exceed_the_bound_and_idle_keys_go() {
     let baseline = alive_tasks();
     let token = CancellationToken::new();
-    let limiter = KeyedRateLimiter::new(token.clone(), 10, 1, 1_000);
+    let limiter = paused(10, 1, 1_000).token(token.clone()).build();
     for key in 0..1_000_000_u32 {
         assert!(limiter.allow(&key), "a new key has a full bucket");
         if key % 100_000 == 0 {
@@ -40,7 +51,7 @@ async fn a_million_distinct_keys_never_exceed_the_bound_and_idle_keys_go() {
 
 #[tokio::test(start_paused = true)]
 async fn evicting_a_full_bucket_changes_no_decision() {
-    let limiter = KeyedRateLimiter::new(CancellationToken::new(), 10, 1, 100);
+    let limiter = paused(10, 1, 100).build();
     assert!(limiter.allow(&"a"));
     assert_eq!(limiter.evict_idle(), 0, "still draining: kept");
     tokio::time::sleep(Duration::from_millis(100)).await;
@@ -51,7 +62,9 @@ async fn evicting_a_full_bucket_changes_no_decision() {
 #[tokio::test(start_paused = true)]
 async fn dropping_the_limiter_stops_its_eviction_task() {
     let baseline = alive_tasks();
-    let limiter = KeyedRateLimiter::<u8>::new(CancellationToken::new(), 10, 1, 10);
+    let limiter = paused::<u8>(10, 1, 10).build();
+    assert_eq!(alive_tasks(), baseline, "the sweep starts at the first use");
+    assert!(limiter.allow(&1));
     assert_eq!(alive_tasks(), baseline + 1);
     drop(limiter);
     assert_no_leaked_tasks(baseline).await;
@@ -59,7 +72,7 @@ async fn dropping_the_limiter_stops_its_eviction_task() {
 
 #[tokio::test(start_paused = true)]
 async fn a_cancelled_wait_returns_cancelled_and_consumes_nothing() {
-    let limiter = KeyedRateLimiter::new(CancellationToken::new(), 10, 1, 10);
+    let limiter = paused(10, 1, 10).build();
     assert!(limiter.allow(&7));
     let token = CancellationToken::new();
     let canceller = token.clone();
@@ -75,7 +88,7 @@ async fn a_cancelled_wait_returns_cancelled_and_consumes_nothing() {
 #[tokio::test(start_paused = true)]
 async fn the_bound_holds_exactly_for_any_max_keys() {
     for max_keys in [1_usize, 5, 20, 33] {
-        let limiter = KeyedRateLimiter::new(CancellationToken::new(), 1, 1, max_keys);
+        let limiter = paused(1, 1, max_keys).build();
         for key in 0..1_000_u32 {
             assert!(limiter.allow(&key));
             assert!(
@@ -87,51 +100,84 @@ async fn the_bound_holds_exactly_for_any_max_keys() {
     }
 }
 
-#[tokio::test]
+#[test]
 #[should_panic(expected = "max_keys must be greater than zero")]
-async fn zero_keys_is_a_programmer_error() {
-    let _ = KeyedRateLimiter::<u8>::new(CancellationToken::new(), 1, 1, 0);
+fn zero_keys_is_a_programmer_error() {
+    let _ = KeyedRateLimiter::<u8>::builder(Quota::per_second(1)).max_keys(0);
+}
+
+#[test]
+fn building_needs_no_runtime_and_the_sweep_starts_at_the_first_use_in_one() {
+    let limiter = KeyedRateLimiter::builder(Quota::per_second(10).with_burst(1))
+        .max_keys(10)
+        .build();
+    assert!(
+        limiter.allow(&"outside"),
+        "works without a runtime (no sweep yet)"
+    );
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let baseline = alive_tasks();
+        assert!(limiter.allow(&"inside"));
+        assert_eq!(alive_tasks(), baseline + 1, "the sweep started");
+        drop(limiter);
+        assert_no_leaked_tasks(baseline).await;
+    });
 }
 
 #[tokio::test(start_paused = true)]
-async fn the_fast_clock_keeps_per_key_buckets() {
-    let limiter = KeyedRateLimiter::with_sweep(
-        CancellationToken::new(),
-        Duration::from_secs(3600),
-        1,
-        10,
-        Duration::from_secs(3600),
-    )
-    .with_fast_clock();
+async fn the_default_clock_keeps_per_key_buckets() {
+    let limiter = KeyedRateLimiter::builder(Quota::every(Duration::from_secs(3600)))
+        .max_keys(10)
+        .build();
     assert!(limiter.allow(&"a"));
     assert!(!limiter.allow(&"a"));
     assert!(limiter.allow(&"b"));
+    // An hour of paused tokio time does not refill the time-stamp counter's bucket.
+    tokio::time::advance(Duration::from_secs(3600)).await;
+    assert!(!limiter.allow(&"a"));
 }
 
-#[tokio::test]
-async fn the_clock_is_chosen_at_the_first_use() {
-    let limiter = |token: &CancellationToken| {
-        KeyedRateLimiter::with_sweep(
-            token.clone(),
-            Duration::from_secs(3600),
-            1,
-            10,
-            Duration::from_secs(3600),
-        )
-    };
+#[tokio::test(start_paused = true)]
+async fn keyed_wait_n_and_reserve_offer_what_the_direct_limiter_does() {
+    let limiter = paused(10, 3, 10).build();
     let token = CancellationToken::new();
-    // Used in real time: the time-stamp counter, which a later pause does not move.
-    let real = limiter(&token);
-    let paused_later = limiter(&token);
-    let forced = limiter(&token).with_tokio_clock();
-    assert!(real.allow(&"a"));
-    assert!(forced.allow(&"a"));
-    tokio::time::pause();
-    // First used on the paused clock: tokio's clock.
-    assert!(paused_later.allow(&"a"));
-    tokio::time::advance(Duration::from_secs(3600)).await;
-    assert!(!real.allow(&"a"));
-    assert!(paused_later.allow(&"a"));
-    assert!(forced.allow(&"a"));
+    let started = Instant::now();
+    limiter.wait_n(&token, &"a", 3).await.unwrap();
+    assert_eq!(started.elapsed(), Duration::ZERO);
+    assert_eq!(
+        limiter.wait_n(&token, &"a", 4).await,
+        Err(WaitError::ExceedsBurst {
+            requested: 4,
+            burst: 3
+        })
+    );
+    let first = limiter.reserve_n(&"a", 1).unwrap();
+    let second = limiter.reserve_n(&"a", 1).unwrap();
+    assert_eq!(
+        (first.delay(), second.delay()),
+        (Duration::from_millis(100), Duration::from_millis(200))
+    );
+    second.cancel();
+    assert_eq!(
+        limiter.check_n(&"a", 1),
+        Err(CheckError::NotYet {
+            wait: Duration::from_millis(200)
+        }),
+        "the cancelled token is back, the first reservation keeps its place"
+    );
+    assert!(limiter.allow_n(&"b", 3));
+    drop(first);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_keyed_wait_whose_token_is_already_cancelled_takes_nothing() {
+    let limiter = paused(10, 1, 10).build();
+    let token = CancellationToken::new();
     token.cancel();
+    assert_eq!(limiter.wait(&token, &1).await, Err(WaitError::Cancelled));
+    assert!(limiter.allow(&1), "the token is still there");
 }

@@ -4,11 +4,21 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use taskweave_limit::{CheckError, RateLimiter, WaitError};
+use taskweave_limit::{CheckError, Quota, RateLimiter, WaitError};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 const MS: Duration = Duration::from_millis(1);
+
+/// `per_second` tokens a second in bursts of `burst`, on tokio's (paused) clock.
+fn paused(per_second: u32, burst: u32) -> RateLimiter {
+    RateLimiter::new(Quota::per_second(per_second).with_burst(burst)).with_tokio_clock()
+}
+
+/// One token an hour in bursts of `burst`.
+fn hourly(burst: u32) -> Quota {
+    Quota::every(Duration::from_secs(3600)).with_burst(burst)
+}
 
 #[test]
 fn fifteen_concurrent_allows_on_a_burst_of_five_grant_exactly_five() {
@@ -19,7 +29,7 @@ fn fifteen_concurrent_allows_on_a_burst_of_five_grant_exactly_five() {
     runtime.block_on(async {
         // A slow rate, so that no token comes back during the test.
         // One token an hour: none comes back while the test runs, however slow the machine.
-        let limiter = RateLimiter::with_interval(Duration::from_secs(3600), 5);
+        let limiter = RateLimiter::new(hourly(5));
         let granted = Arc::new(AtomicUsize::new(0));
         let start = Arc::new(tokio::sync::Barrier::new(15));
         let tasks: Vec<_> = (0..15)
@@ -44,7 +54,7 @@ fn fifteen_concurrent_allows_on_a_burst_of_five_grant_exactly_five() {
 
 #[tokio::test(start_paused = true)]
 async fn a_wait_cancelled_before_it_can_finish_consumes_nothing() {
-    let limiter = RateLimiter::new(10, 1);
+    let limiter = paused(10, 1);
     assert!(limiter.allow());
     let token = CancellationToken::new();
     let deadline = token.clone();
@@ -59,7 +69,7 @@ async fn a_wait_cancelled_before_it_can_finish_consumes_nothing() {
 
 #[tokio::test(start_paused = true)]
 async fn a_long_run_at_100_per_second_grants_100_per_second() {
-    let limiter = RateLimiter::new(100, 1);
+    let limiter = paused(100, 1);
     let token = CancellationToken::new();
     let started = Instant::now();
     let mut granted = 0_u32;
@@ -73,7 +83,7 @@ async fn a_long_run_at_100_per_second_grants_100_per_second() {
 
 #[tokio::test(start_paused = true)]
 async fn burst_then_steady_rate() {
-    let limiter = RateLimiter::new(10, 3);
+    let limiter = paused(10, 3);
     assert_eq!(limiter.available(), 3);
     assert!(limiter.allow() && limiter.allow() && limiter.allow());
     assert_eq!(limiter.available(), 0);
@@ -87,7 +97,7 @@ async fn burst_then_steady_rate() {
 
 #[tokio::test(start_paused = true)]
 async fn more_than_the_burst_is_an_error_not_a_hang() {
-    let limiter = RateLimiter::new(10, 3);
+    let limiter = paused(10, 3);
     let token = CancellationToken::new();
     assert_eq!(
         limiter.check_n(4),
@@ -109,7 +119,7 @@ async fn more_than_the_burst_is_an_error_not_a_hang() {
 
 #[tokio::test(start_paused = true)]
 async fn a_reservation_says_when_and_cancel_gives_the_tokens_back() {
-    let limiter = RateLimiter::new(10, 1);
+    let limiter = paused(10, 1);
     let now = limiter.reserve();
     assert_eq!(now.delay(), Duration::ZERO);
     let later = limiter.reserve();
@@ -132,7 +142,7 @@ async fn a_reservation_says_when_and_cancel_gives_the_tokens_back() {
 
 #[tokio::test(start_paused = true)]
 async fn the_rate_and_burst_change_on_a_live_limiter() {
-    let limiter = RateLimiter::new(10, 1);
+    let limiter = paused(10, 1);
     assert!(limiter.allow());
     limiter.set_rate(100);
     assert_eq!(limiter.interval(), 10 * MS);
@@ -146,18 +156,18 @@ async fn the_rate_and_burst_change_on_a_live_limiter() {
 #[test]
 #[should_panic(expected = "rate must be greater than zero")]
 fn zero_rate_is_a_programmer_error() {
-    let _ = RateLimiter::new(0, 1);
+    let _ = Quota::per_second(0);
 }
 
 #[test]
 #[should_panic(expected = "burst must be greater than zero")]
 fn zero_burst_is_a_programmer_error() {
-    let _ = RateLimiter::new(1, 0);
+    let _ = Quota::per_second(1).with_burst(0);
 }
 
 #[tokio::test(start_paused = true)]
 async fn cancelling_a_reservation_in_the_middle_keeps_the_later_ones_in_place() {
-    let limiter = RateLimiter::new(10, 1);
+    let limiter = paused(10, 1);
     let first = limiter.reserve(); // due at 0
     let middle = limiter.reserve(); // due at 100 ms
     let last = limiter.reserve(); // due at 200 ms
@@ -173,7 +183,7 @@ async fn cancelling_a_reservation_in_the_middle_keeps_the_later_ones_in_place() 
 
 #[tokio::test(start_paused = true)]
 async fn cancelling_a_reservation_that_is_already_due_gives_nothing_back() {
-    let limiter = RateLimiter::new(10, 1);
+    let limiter = paused(10, 1);
     let reservation = limiter.reserve();
     tokio::time::sleep(50 * MS).await;
     reservation.cancel();
@@ -185,7 +195,7 @@ async fn cancelling_a_reservation_that_is_already_due_gives_nothing_back() {
 
 #[tokio::test(start_paused = true)]
 async fn changing_the_rate_keeps_the_tokens_owed() {
-    let limiter = RateLimiter::new(1, 10);
+    let limiter = paused(1, 10);
     for _ in 0..10 {
         assert!(limiter.allow());
     }
@@ -197,9 +207,10 @@ async fn changing_the_rate_keeps_the_tokens_owed() {
 }
 
 #[test]
-fn the_fast_clock_keeps_the_bucket_rules() {
-    // One token an hour, on the time-stamp counter: the burst, then nothing.
-    let limiter = RateLimiter::with_interval(Duration::from_secs(3600), 3).with_fast_clock();
+fn the_time_stamp_counter_keeps_the_bucket_rules() {
+    // One token an hour, on the default clock: the burst, then nothing.
+    let limiter = RateLimiter::new(hourly(3));
+    assert!(!limiter.uses_tokio_clock());
     assert!(limiter.allow() && limiter.allow() && limiter.allow());
     assert!(!limiter.allow());
     match limiter.check_n(1) {
@@ -209,12 +220,11 @@ fn the_fast_clock_keeps_the_bucket_rules() {
 }
 
 #[test]
-#[should_panic(expected = "choose the clock before the first use")]
+#[should_panic(expected = "choose the clock right after construction")]
 fn choosing_the_clock_after_the_first_use_is_a_programmer_error() {
-    let limiter = RateLimiter::new(10, 1);
-    let _clone = limiter.clone();
+    let limiter = RateLimiter::new(hourly(1));
     assert!(limiter.allow());
-    let _ = limiter.with_fast_clock();
+    let _ = limiter.with_tokio_clock();
 }
 
 /// One token an hour, burst 1, spent: whether an hour of tokio time refills it tells which
@@ -227,26 +237,16 @@ async fn refills_after_an_hour_of_tokio_time(limiter: &RateLimiter) -> bool {
 }
 
 #[tokio::test(start_paused = true)]
-async fn created_on_a_paused_clock_it_follows_tokio_time() {
-    let limiter = RateLimiter::with_interval(Duration::from_secs(3600), 1);
-    assert!(refills_after_an_hour_of_tokio_time(&limiter).await);
-}
-
-#[tokio::test]
-async fn first_used_in_real_time_it_reads_the_time_stamp_counter() {
-    // Pausing after the first use does not move the limiter's clock: an hour of tokio time
-    // passes, but only microseconds of real time, so the token has not come back.
-    let limiter = RateLimiter::with_interval(Duration::from_secs(3600), 1);
-    assert!(limiter.allow());
-    tokio::time::pause();
-    assert!(!limiter.allow());
-    tokio::time::advance(Duration::from_secs(3600)).await;
-    assert!(!limiter.allow());
+async fn the_default_clock_ignores_the_paused_clock_wherever_it_was_made() {
+    // The rule has no "first use" in it: made and used on a paused runtime, the default
+    // limiter still reads the time-stamp counter.
+    let limiter = RateLimiter::new(hourly(1));
+    assert!(!refills_after_an_hour_of_tokio_time(&limiter).await);
 }
 
 #[tokio::test]
 async fn with_tokio_clock_follows_a_pause_that_comes_after_the_first_use() {
-    let limiter = RateLimiter::with_interval(Duration::from_secs(3600), 1).with_tokio_clock();
+    let limiter = RateLimiter::new(hourly(1)).with_tokio_clock();
     assert!(limiter.allow());
     tokio::time::pause();
     assert!(!limiter.allow());
@@ -254,17 +254,138 @@ async fn with_tokio_clock_follows_a_pause_that_comes_after_the_first_use() {
     assert!(limiter.allow());
 }
 
+#[test]
+fn with_tokio_clock_made_outside_a_runtime_follows_the_paused_runtime_it_is_used_in() {
+    let limiter = RateLimiter::new(hourly(1)).with_tokio_clock();
+    let runtime = taskweave_testkit::paused_runtime();
+    runtime.block_on(async {
+        assert!(refills_after_an_hour_of_tokio_time(&limiter).await);
+    });
+}
+
 #[tokio::test(start_paused = true)]
-async fn with_fast_clock_ignores_the_paused_clock() {
-    let limiter = RateLimiter::with_interval(Duration::from_secs(3600), 1).with_fast_clock();
-    assert!(!refills_after_an_hour_of_tokio_time(&limiter).await);
+async fn a_wait_whose_token_is_already_cancelled_takes_nothing_even_with_tokens_free() {
+    let limiter = paused(10, 2);
+    let token = CancellationToken::new();
+    token.cancel();
+    assert_eq!(limiter.wait(&token).await, Err(WaitError::Cancelled));
+    assert_eq!(limiter.wait_n(&token, 2).await, Err(WaitError::Cancelled));
+    assert_eq!(limiter.available(), 2, "no token was spent");
 }
 
 #[test]
-fn created_outside_a_runtime_it_follows_the_paused_runtime_it_is_used_in() {
-    let auto = RateLimiter::with_interval(Duration::from_secs(3600), 1);
-    let runtime = taskweave_testkit::paused_runtime();
-    runtime.block_on(async {
-        assert!(refills_after_an_hour_of_tokio_time(&auto).await);
-    });
+fn an_interval_of_duration_max_allows_the_burst_and_then_nothing() {
+    for burst in [1, 3] {
+        let limiter = RateLimiter::new(Quota::every(Duration::MAX).with_burst(burst));
+        for _ in 0..burst {
+            assert!(limiter.allow());
+        }
+        assert!(!limiter.allow(), "burst {burst}: one more call was allowed");
+        assert!(limiter.interval() >= Duration::from_secs(365 * 24 * 3600 * 40));
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn cancelling_a_reservation_after_a_rate_change_refunds_what_the_tokens_are_worth_now() {
+    // x/time/rate's TestReserveSetLimitCancel: reserve 2 of a burst of 2 at 5/s, reserve 2
+    // more, 200 ms later SetLimit(10) then cancel the second: 1 token available, not 2.
+    let limiter = paused(5, 2);
+    let first = limiter.reserve_n(2).unwrap();
+    let second = limiter.reserve_n(2).unwrap();
+    assert_eq!(second.delay(), 400 * MS);
+    tokio::time::sleep(200 * MS).await;
+    limiter.set_rate(10);
+    second.cancel();
+    assert_eq!(limiter.available(), 1);
+    drop(first);
+}
+
+#[tokio::test(start_paused = true)]
+async fn raising_the_burst_frees_nothing_now_and_lowering_it_caps_what_is_there() {
+    let limiter = paused(10, 1);
+    assert!(limiter.allow());
+    limiter.set_burst(5);
+    assert_eq!(
+        limiter.available(),
+        0,
+        "x/time/rate keeps the token count across SetBurst"
+    );
+    assert!(!limiter.allow());
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(limiter.available(), 5, "the bucket now fills to 5");
+    limiter.set_burst(2);
+    assert_eq!(
+        limiter.available(),
+        2,
+        "lowering the burst caps what is there"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn cancelling_at_the_due_instant_still_gives_the_tokens_back() {
+    // Go refunds unless the due time is strictly before now.
+    let limiter = paused(10, 1);
+    assert!(limiter.allow());
+    let reservation = limiter.reserve();
+    assert_eq!(reservation.delay(), 100 * MS);
+    tokio::time::sleep(100 * MS).await;
+    reservation.cancel();
+    assert_eq!(limiter.available(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_wait_that_would_pass_its_deadline_fails_at_once_and_takes_nothing() {
+    let limiter = paused(10, 1);
+    let token = CancellationToken::new();
+    assert!(limiter.allow());
+    let started = Instant::now();
+    assert_eq!(
+        limiter.wait_n_within(&token, 1, 50 * MS).await,
+        Err(WaitError::WouldExceedDeadline { wait: 100 * MS })
+    );
+    assert_eq!(started.elapsed(), Duration::ZERO, "failed at once");
+    limiter.wait_n_within(&token, 1, 100 * MS).await.unwrap();
+    assert_eq!(started.elapsed(), 100 * MS);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_reservation_beyond_its_maximum_wait_takes_nothing() {
+    let limiter = paused(10, 1);
+    assert!(limiter.allow());
+    assert_eq!(
+        limiter.reserve_within(1, 50 * MS).unwrap_err(),
+        CheckError::NotYet { wait: 100 * MS }
+    );
+    let reservation = limiter.reserve_within(1, 100 * MS).unwrap();
+    assert_eq!(reservation.delay(), 100 * MS);
+    assert!(!limiter.allow_n(1));
+    assert!(!limiter.allow_n(2), "above the burst");
+}
+
+#[tokio::test(start_paused = true)]
+async fn fractional_rates_and_a_live_interval() {
+    let limiter = RateLimiter::new(Quota::every(Duration::from_secs(2))).with_tokio_clock();
+    let token = CancellationToken::new();
+    let started = Instant::now();
+    for _ in 0..3 {
+        limiter.wait(&token).await.unwrap();
+    }
+    assert_eq!(
+        started.elapsed(),
+        Duration::from_secs(4),
+        "half a token a second"
+    );
+    limiter.set_interval(Duration::from_millis(500));
+    limiter.wait(&token).await.unwrap();
+    assert_eq!(started.elapsed(), Duration::from_millis(4_500));
+    assert_eq!(limiter.quota(), Quota::every(Duration::from_millis(500)));
+}
+
+#[cfg(feature = "governor")]
+#[test]
+fn a_governor_quota_comes_over_unchanged() {
+    let governor = governor::Quota::per_second(std::num::NonZeroU32::new(50).unwrap())
+        .allow_burst(std::num::NonZeroU32::new(5).unwrap());
+    let quota = Quota::from(governor);
+    assert_eq!(quota, Quota::per_second(50).with_burst(5));
 }

@@ -4,14 +4,14 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use futures::stream::FusedStream;
-use taskweave_limit::{RateLimitExt, RateLimiter};
+use taskweave_limit::{Quota, RateLimitExt, RateLimiter};
 use tokio::time::Instant;
 
 #[tokio::test(start_paused = true)]
 async fn items_keep_their_order_and_follow_the_rate() {
     let origin = Instant::now();
     let times: Vec<(u32, u128)> = futures::stream::iter(0..5)
-        .rate_limited(RateLimiter::new(10, 2))
+        .rate_limited(RateLimiter::new(Quota::per_second(10).with_burst(2)).with_tokio_clock())
         .map(|item| (item, origin.elapsed().as_millis()))
         .collect()
         .await;
@@ -20,7 +20,7 @@ async fn items_keep_their_order_and_follow_the_rate() {
 
 #[tokio::test(start_paused = true)]
 async fn streams_sharing_a_limiter_share_its_tokens() {
-    let limiter = RateLimiter::new(10, 1);
+    let limiter = RateLimiter::new(Quota::per_second(10).with_burst(1)).with_tokio_clock();
     let mut a = futures::stream::iter(0..2).rate_limited(limiter.clone());
     let mut b = futures::stream::iter(0..2).rate_limited(limiter);
     let started = Instant::now();
@@ -31,7 +31,8 @@ async fn streams_sharing_a_limiter_share_its_tokens() {
 
 #[tokio::test(start_paused = true)]
 async fn the_stream_ends_with_its_input() {
-    let mut stream = futures::stream::iter(Vec::<u8>::new()).rate_limited(RateLimiter::new(1, 1));
+    let mut stream = futures::stream::iter(Vec::<u8>::new())
+        .rate_limited(RateLimiter::new(Quota::per_second(1).with_burst(1)).with_tokio_clock());
     assert!(stream.next().await.is_none());
     assert!(stream.is_terminated());
     assert!(stream.next().await.is_none());
