@@ -58,5 +58,5 @@ pub use keyed::{DEFAULT_MAX_KEYS, KeyedRateLimiter, KeyedRateLimiterBuilder, Key
 pub use quota::Quota;
 pub use rate::{RateLimiter, Reservation};
 pub use stream::{RateLimitExt, RateLimited};
-pub use tick::TickLimiter;
+pub use tick::{TickLimiter, TickWait};
 pub use wait::{KeyedWait, Wait};

@@ -1,12 +1,17 @@
 //! `TickLimiter`: strict spacing, never a burst.
 
 use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex, PoisonError};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
+use pin_project_lite::pin_project;
 use tokio::sync::Notify;
-use tokio::time::Instant;
-use tokio_util::sync::CancellationToken;
+use tokio::sync::futures::Notified;
+use tokio::time::{Instant, Sleep};
+use tokio_util::sync::{CancellationToken, WaitForCancellationFuture};
 
 use crate::WaitError;
 
@@ -95,35 +100,16 @@ impl TickLimiter {
     ///
     /// Cancel safe: a dropped wait gives its slot back like a cancelled one (when no later
     /// caller took the slot after it).
-    pub async fn wait(&self, token: &CancellationToken) -> Result<(), WaitError> {
-        // A cancellation observed before the slot is taken wins: no slot is taken at all.
-        if token.is_cancelled() {
-            return Err(WaitError::Cancelled);
-        }
-        let closed = self.inner.closed_notify.notified();
-        let mut closed = std::pin::pin!(closed);
-        closed.as_mut().enable();
-        let slot = {
-            let mut state = self.state();
-            if state.closed {
-                return Err(WaitError::Closed);
-            }
-            let slot = state.next.max(Instant::now());
-            state.next = after(slot, self.inner.period);
-            slot
-        };
-        let mut guard = SlotGuard {
+    pub fn wait<'a>(&'a self, token: &'a CancellationToken) -> TickWait<'a> {
+        TickWait {
             limiter: self,
-            slot: Some(slot),
-        };
-        tokio::select! {
-            biased;
-            () = token.cancelled() => Err(WaitError::Cancelled),
-            () = &mut closed => Err(WaitError::Closed),
-            () = tokio::time::sleep_until(slot) => {
-                guard.slot = None;
-                Ok(())
-            }
+            token,
+            slot: None,
+            started: false,
+            done: false,
+            closed: self.inner.closed_notify.notified(),
+            sleep: None,
+            cancelled: None,
         }
     }
 
@@ -154,19 +140,111 @@ impl TickLimiter {
     }
 }
 
-/// Gives an unused slot back if it is still the last one handed out.
-struct SlotGuard<'a> {
-    limiter: &'a TickLimiter,
-    slot: Option<Instant>,
+pin_project! {
+    /// The future of [`TickLimiter::wait`].
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: dropped before its slot, it gives the slot back (when no later caller
+    /// took the slot after it).
+    #[must_use = "futures do nothing unless polled"]
+    pub struct TickWait<'a> {
+        limiter: &'a TickLimiter,
+        token: &'a CancellationToken,
+        // The slot taken and not yet used.
+        slot: Option<Instant>,
+        started: bool,
+        done: bool,
+        #[pin]
+        closed: Notified<'a>,
+        #[pin]
+        sleep: Option<Sleep>,
+        #[pin]
+        cancelled: Option<WaitForCancellationFuture<'a>>,
+    }
+
+    impl<'a> PinnedDrop for TickWait<'a> {
+        fn drop(this: Pin<&mut Self>) {
+            let this = this.project();
+            if let Some(slot) = this.slot.take() {
+                this.limiter.give_back(slot);
+            }
+        }
+    }
 }
 
-impl Drop for SlotGuard<'_> {
-    fn drop(&mut self) {
-        if let Some(slot) = self.slot {
-            let mut state = self.limiter.state();
-            if state.next == after(slot, self.limiter.inner.period) {
-                state.next = slot;
+impl Future for TickWait<'_> {
+    type Output = Result<(), WaitError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut this = self.project();
+        assert!(!*this.done, "a wait polled after completion");
+        if !*this.started {
+            *this.started = true;
+            // A cancellation observed before the slot is taken wins: no slot is taken.
+            if this.token.is_cancelled() {
+                *this.done = true;
+                return Poll::Ready(Err(WaitError::Cancelled));
             }
+            // Registered before the closed flag is read: a close in between is not missed.
+            this.closed.as_mut().enable();
+            let limiter = *this.limiter;
+            let mut state = limiter.state();
+            if state.closed {
+                *this.done = true;
+                return Poll::Ready(Err(WaitError::Closed));
+            }
+            let slot = state.next.max(Instant::now());
+            state.next = after(slot, limiter.inner.period);
+            drop(state);
+            *this.slot = Some(slot);
+            this.sleep.set(Some(tokio::time::sleep_until(slot)));
+            this.cancelled.set(Some(this.token.cancelled()));
+        }
+        // Token first, then the close, then the slot (as a `biased` select).
+        let outcome = if this
+            .cancelled
+            .as_mut()
+            .as_pin_mut()
+            .is_some_and(|cancelled| cancelled.poll(cx).is_ready())
+        {
+            Err(WaitError::Cancelled)
+        } else if this.closed.as_mut().poll(cx).is_ready() {
+            Err(WaitError::Closed)
+        } else if this
+            .sleep
+            .as_mut()
+            .as_pin_mut()
+            .is_some_and(|sleep| sleep.poll(cx).is_ready())
+        {
+            // Used: nothing to give back.
+            *this.slot = None;
+            Ok(())
+        } else {
+            return Poll::Pending;
+        };
+        if let Some(slot) = this.slot.take() {
+            this.limiter.give_back(slot);
+        }
+        *this.done = true;
+        Poll::Ready(outcome)
+    }
+}
+
+impl fmt::Debug for TickWait<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TickWait")
+            .field("slot", &self.slot)
+            .finish_non_exhaustive()
+    }
+}
+
+impl TickLimiter {
+    /// Gives an unused slot back if it is still the last one handed out.
+    fn give_back(&self, slot: Instant) {
+        let mut state = self.state();
+        if state.next == after(slot, self.inner.period) {
+            state.next = slot;
         }
     }
 }

@@ -13,15 +13,15 @@ use tokio_util::sync::{
 };
 
 use crate::semaphore::Inner;
-use crate::state::{Joined, Polled};
+use crate::state::{Joined, Polled, Ticket};
 use crate::{AcquireError, OwnedPermit, Permit, Semaphore, TryAcquireError};
 
 /// One wait for permits: the part of an acquire future that needs no pinning.
 #[derive(Debug)]
 struct Wait {
     permits: u32,
-    /// The waiter's key once queued.
-    key: Option<usize>,
+    /// The waiter's ticket once queued.
+    key: Option<Ticket>,
     done: bool,
 }
 
@@ -47,9 +47,8 @@ impl Wait {
     ) -> Poll<Result<(), AcquireError>> {
         assert!(!self.done, "an acquire future polled after completion");
         let watched = inner.watches(token);
-        let key = match self.key {
-            Some(key) => key,
-            None => {
+        if self.key.is_none() {
+            {
                 // A token already cancelled wins over free permits.
                 if watched && token.is_cancelled() {
                     return self.finish(Err(AcquireError::Cancelled));
@@ -74,25 +73,27 @@ impl Wait {
                         return self.finish(Err(inner.closed(token)));
                     }
                     Joined::Failed(error) => return self.finish(Err(error)),
-                    Joined::Queued(key) => {
-                        self.key = Some(key);
+                    Joined::Queued(ticket) => {
+                        self.key = Some(ticket);
                         if watched {
                             cancelled.set(Some(arm()));
                         }
-                        key
                     }
                 }
             }
+        }
+        let Some(ticket) = self.key.as_ref() else {
+            unreachable!("queued above");
         };
         if let Some(cancelled) = cancelled.as_mut().as_pin_mut()
             && cancelled.poll(cx).is_ready()
         {
             // Whatever was assigned, a full grant included, goes to the waiters behind.
+            inner.state.abandon(ticket);
             self.key = None;
-            inner.state.abandon(key);
             return self.finish(Err(AcquireError::Cancelled));
         }
-        match inner.state.poll_queued(key, cx.waker()) {
+        match inner.state.poll_queued(ticket, cx.waker()) {
             Polled::Pending => Poll::Pending,
             Polled::Done(outcome) => {
                 self.key = None;
@@ -118,8 +119,8 @@ impl Wait {
 
     /// Gives up a wait in progress (the future is dropped).
     fn abandon(&mut self, inner: &Inner) {
-        if let Some(key) = self.key.take() {
-            inner.state.abandon(key);
+        if let Some(ticket) = self.key.take() {
+            inner.state.abandon(&ticket);
         }
     }
 }

@@ -14,6 +14,7 @@
 //! of the two swaps comes first, and the other sees it.
 
 use std::collections::VecDeque;
+use std::sync::Arc;
 use std::task::Waker;
 
 #[cfg(all(test, taskweave_loom))]
@@ -60,18 +61,53 @@ struct Waiter {
     wanted: u32,
     assigned: u32,
     waker: Option<Waker>,
-    /// `Some` once the waiter is served (`Ok`) or failed; it then has left `order`.
-    outcome: Option<Result<(), AcquireError>>,
+    /// Shared with the waiting future: set (with `Release`) when the waiter is served or
+    /// failed, at which point its entry leaves the wait list. The future reads it without
+    /// the lock, so a woken waiter takes its grant with one load.
+    status: Arc<AtomicUsize>,
     /// The waiter's future is gone; it is a tombstone in `order`.
     abandoned: bool,
+}
+
+const WAITING: usize = 0;
+const GRANTED: usize = 1;
+const FAILED_CLOSED: usize = 2;
+/// `capacity << 2 | FAILED_TOO_LARGE` (a capacity is at most `MAX_PERMITS`, so it fits).
+const FAILED_TOO_LARGE: usize = 3;
+
+fn encode(outcome: Result<(), AcquireError>) -> usize {
+    match outcome {
+        Ok(()) => GRANTED,
+        Err(AcquireError::TooLarge { capacity, .. }) => capacity << 2 | FAILED_TOO_LARGE,
+        Err(_) => FAILED_CLOSED,
+    }
+}
+
+fn decode(status: usize, requested: u32) -> Result<(), AcquireError> {
+    match status & 3 {
+        GRANTED => Ok(()),
+        FAILED_TOO_LARGE => Err(AcquireError::TooLarge {
+            requested,
+            capacity: status >> 2,
+        }),
+        _ => Err(AcquireError::Closed),
+    }
+}
+
+/// A queued waiter's handle: its key in the wait list and the status the list sets.
+#[derive(Debug)]
+pub(crate) struct Ticket {
+    key: usize,
+    permits: u32,
+    status: Arc<AtomicUsize>,
 }
 
 /// Where a new waiter stands after trying to join the queue.
 pub(crate) enum Joined {
     /// Served at once.
     Granted,
-    /// Queued under this key.
-    Queued(usize),
+    /// Queued.
+    Queued(Ticket),
     Failed(AcquireError),
 }
 
@@ -226,9 +262,10 @@ impl State {
             waiter.assigned += u32::try_from(give).unwrap_or(u32::MAX);
             permits -= give;
             if waiter.assigned == waiter.wanted {
-                waiter.outcome = Some(Ok(()));
+                waiter.status.store(GRANTED, Ordering::Release);
                 wakers.push(waiter.waker.take());
                 waiters.order.pop_front();
+                waiters.entries.remove(key);
             }
         }
         let settled = waiters.order.is_empty() && waiters.debt == 0;
@@ -304,60 +341,68 @@ impl State {
             // The flag is already set (someone waits); make sure of it all the same.
             self.take_free(0, |_| true);
         }
+        let status = Arc::new(AtomicUsize::new(WAITING));
         let key = waiters.entries.insert(Waiter {
             wanted: permits,
             // `taken` is below `wanted`, a `u32`.
             assigned: u32::try_from(taken).unwrap_or(u32::MAX),
             waker: Some(waker.clone()),
-            outcome: None,
+            status: Arc::clone(&status),
             abandoned: false,
         });
         waiters.order.push_back(key);
-        Joined::Queued(key)
+        Joined::Queued(Ticket {
+            key,
+            permits,
+            status,
+        })
     }
 
-    /// A queued waiter's poll: its outcome if it has one (it then leaves), else its waker is
-    /// updated.
-    pub(crate) fn poll_queued(&self, key: usize, waker: &Waker) -> Polled {
-        let mut waiters = self.lock();
-        let waiter = &mut waiters.entries[key];
-        match waiter.outcome.take() {
-            Some(outcome) => {
-                waiters.entries.remove(key);
-                Polled::Done(outcome)
-            }
-            None => {
-                match &mut waiter.waker {
-                    Some(current) if current.will_wake(waker) => {}
-                    slot => *slot = Some(waker.clone()),
-                }
-                Polled::Pending
-            }
+    /// A queued waiter's poll: its outcome if it has one (one load, no lock, once served),
+    /// else its waker is updated.
+    pub(crate) fn poll_queued(&self, ticket: &Ticket, waker: &Waker) -> Polled {
+        let status = ticket.status.load(Ordering::Acquire);
+        if status != WAITING {
+            return Polled::Done(decode(status, ticket.permits));
         }
+        let mut waiters = self.lock();
+        // Set under this lock, so a `WAITING` read here means the entry is still ours.
+        let status = ticket.status.load(Ordering::Acquire);
+        if status != WAITING {
+            return Polled::Done(decode(status, ticket.permits));
+        }
+        match &mut waiters.entries[ticket.key].waker {
+            Some(current) if current.will_wake(waker) => {}
+            slot => *slot = Some(waker.clone()),
+        }
+        Polled::Pending
     }
 
     /// A queued waiter gives up (its token, or its future dropped): whatever it was assigned,
     /// a full grant included, goes to the waiters behind it. Returns `true` if it had been
     /// served in full (its permits were handed on).
-    pub(crate) fn abandon(&self, key: usize) -> bool {
+    pub(crate) fn abandon(&self, ticket: &Ticket) -> bool {
         let mut waiters = self.lock();
-        let waiter = &mut waiters.entries[key];
-        let assigned = std::mem::take(&mut waiter.assigned) as usize;
-        let served = matches!(waiter.outcome, Some(Ok(())));
-        if waiter.outcome.is_some() {
-            // It has left the queue already.
-            waiters.entries.remove(key);
-        } else {
-            waiter.abandoned = true;
-            waiter.waker = None;
-        }
+        let status = ticket.status.load(Ordering::Acquire);
+        let returned = match status {
+            // Served: the entry is gone, the permits are the ticket's.
+            GRANTED => ticket.permits as usize,
+            WAITING => {
+                let waiter = &mut waiters.entries[ticket.key];
+                waiter.abandoned = true;
+                waiter.waker = None;
+                std::mem::take(&mut waiter.assigned) as usize
+            }
+            // Failed: it holds nothing, and its entry is gone.
+            _ => return false,
+        };
         let mut wakers = Wakers::default();
         // With nothing to hand on this still drops tombstones at the front and clears the
         // flag when nobody is left.
-        self.distribute(&mut waiters, assigned, &mut wakers);
+        self.distribute(&mut waiters, returned, &mut wakers);
         drop(waiters);
         wakers.wake();
-        served
+        status == GRANTED
     }
 
     /// Closes: every queued waiter fails with `Closed`; later acquires fail. Permits they
@@ -405,9 +450,10 @@ impl State {
             let Some(error) = why(waiter) else {
                 return true;
             };
-            returned += std::mem::take(&mut waiter.assigned) as usize;
-            waiter.outcome = Some(Err(error));
+            returned += waiter.assigned as usize;
+            waiter.status.store(encode(Err(error)), Ordering::Release);
             wakers.push(waiter.waker.take());
+            entries.remove(key);
             false
         });
         returned
@@ -507,9 +553,9 @@ mod loom_models {
             // The waiter found no permit a moment ago and joins now.
             let granted = match state.join(1, Waker::noop()) {
                 Joined::Granted => true,
-                Joined::Queued(key) => {
+                Joined::Queued(ticket) => {
                     releaser.join().unwrap();
-                    match state.poll_queued(key, Waker::noop()) {
+                    match state.poll_queued(&ticket, Waker::noop()) {
                         Polled::Done(outcome) => outcome.is_ok(),
                         Polled::Pending => panic!("the released permit was lost"),
                     }
@@ -547,7 +593,7 @@ mod loom_models {
         loom::model(|| {
             let state = Arc::new(State::new(1));
             state.try_acquire(1).unwrap();
-            let Joined::Queued(key) = state.join(1, Waker::noop()) else {
+            let Joined::Queued(ticket) = state.join(1, Waker::noop()) else {
                 panic!("nothing was free");
             };
             let releaser = {
@@ -555,7 +601,7 @@ mod loom_models {
                 thread::spawn(move || state.release(1))
             };
             // Served or not, the permit must end up free.
-            let _served = state.abandon(key);
+            let _served = state.abandon(&ticket);
             releaser.join().unwrap();
             assert_settled(&state);
         });
@@ -566,7 +612,7 @@ mod loom_models {
         loom::model(|| {
             let state = Arc::new(State::new(1));
             state.try_acquire(1).unwrap();
-            let Joined::Queued(key) = state.join(1, Waker::noop()) else {
+            let Joined::Queued(ticket) = state.join(1, Waker::noop()) else {
                 panic!("nothing was free");
             };
             let closer = {
@@ -575,7 +621,7 @@ mod loom_models {
             };
             state.release(1);
             closer.join().unwrap();
-            match state.poll_queued(key, Waker::noop()) {
+            match state.poll_queued(&ticket, Waker::noop()) {
                 // Served before the close: it holds the permit and gives it back.
                 Polled::Done(Ok(())) => state.release(1),
                 Polled::Done(Err(_closed)) => {}
