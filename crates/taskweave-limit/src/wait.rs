@@ -14,80 +14,86 @@ use tokio_util::sync::{CancellationToken, WaitForCancellationFuture};
 
 use crate::{CheckError, KeyedRateLimiter, RateLimiter, WaitError};
 
-/// The state of a wait that needs no pinning.
-#[derive(Debug)]
-struct Engine {
-    n: u32,
-    max_wait: Option<Duration>,
-    deadline: Option<Instant>,
-    started: bool,
-    done: bool,
+pin_project! {
+    /// One wait: its settings, its sleep and the token's cancellation future (both made only
+    /// when the wait first sleeps).
+    struct Engine<'a> {
+        token: &'a CancellationToken,
+        n: u32,
+        max_wait: Option<Duration>,
+        deadline: Option<Instant>,
+        started: bool,
+        done: bool,
+        #[pin]
+        sleep: Option<Sleep>,
+        #[pin]
+        cancelled: Option<WaitForCancellationFuture<'a>>,
+    }
 }
 
-impl Engine {
-    fn new(n: u32, max_wait: Option<Duration>) -> Self {
+impl<'a> Engine<'a> {
+    fn new(token: &'a CancellationToken, n: u32, max_wait: Option<Duration>) -> Self {
         Engine {
+            token,
             n,
             max_wait,
             deadline: None,
             started: false,
             done: false,
+            sleep: None,
+            cancelled: None,
         }
     }
 
     /// Token first (a cancellation observed before the tokens are taken wins), then the
     /// check; `NotYet` sleeps until the tokens would be there and checks again (another
     /// caller may take them first).
-    fn poll<'a>(
-        &mut self,
-        token: &'a CancellationToken,
+    fn poll(
+        self: Pin<&mut Self>,
         check: impl Fn(u32) -> Result<(), CheckError>,
-        mut sleep: Pin<&mut Option<Sleep>>,
-        mut cancelled: Pin<&mut Option<WaitForCancellationFuture<'a>>>,
         cx: &mut Context<'_>,
     ) -> Poll<Result<(), WaitError>> {
-        assert!(!self.done, "a wait polled after completion");
-        if !self.started {
-            self.started = true;
-            if token.is_cancelled() {
-                return self.finish(Err(WaitError::Cancelled));
+        let mut this = self.project();
+        assert!(!*this.done, "a wait polled after completion");
+        let token: &'a CancellationToken = this.token;
+        let outcome = loop {
+            if !*this.started {
+                *this.started = true;
+                if token.is_cancelled() {
+                    break Err(WaitError::Cancelled);
+                }
+                *this.deadline = this.max_wait.map(|max| later(Instant::now(), max));
             }
-            self.deadline = self.max_wait.map(|max| later(Instant::now(), max));
-        }
-        loop {
-            if let Some(cancelled) = cancelled.as_mut().as_pin_mut()
+            if let Some(cancelled) = this.cancelled.as_mut().as_pin_mut()
                 && cancelled.poll(cx).is_ready()
             {
-                return self.finish(Err(WaitError::Cancelled));
+                break Err(WaitError::Cancelled);
             }
-            if let Some(sleep) = sleep.as_mut().as_pin_mut()
+            if let Some(sleep) = this.sleep.as_mut().as_pin_mut()
                 && sleep.poll(cx).is_pending()
             {
                 return Poll::Pending;
             }
-            let wait = match check(self.n) {
-                Ok(()) => return self.finish(Ok(())),
+            let wait = match check(*this.n) {
+                Ok(()) => break Ok(()),
                 Err(CheckError::ExceedsBurst { requested, burst }) => {
-                    return self.finish(Err(WaitError::ExceedsBurst { requested, burst }));
+                    break Err(WaitError::ExceedsBurst { requested, burst });
                 }
                 Err(CheckError::NotYet { wait }) => wait,
             };
             let at = later(Instant::now(), wait);
-            if self.deadline.is_some_and(|deadline| at > deadline) {
-                return self.finish(Err(WaitError::WouldExceedDeadline { wait }));
+            if this.deadline.is_some_and(|deadline| at > deadline) {
+                break Err(WaitError::WouldExceedDeadline { wait });
             }
-            match sleep.as_mut().as_pin_mut() {
+            match this.sleep.as_mut().as_pin_mut() {
                 Some(sleep) => sleep.reset(at),
-                None => sleep.set(Some(tokio::time::sleep_until(at))),
+                None => this.sleep.set(Some(tokio::time::sleep_until(at))),
             }
-            if cancelled.is_none() {
-                cancelled.set(Some(token.cancelled()));
+            if this.cancelled.is_none() {
+                this.cancelled.set(Some(token.cancelled()));
             }
-        }
-    }
-
-    fn finish(&mut self, outcome: Result<(), WaitError>) -> Poll<Result<(), WaitError>> {
-        self.done = true;
+        };
+        *this.done = true;
         Poll::Ready(outcome)
     }
 }
@@ -108,12 +114,8 @@ pin_project! {
     #[must_use = "futures do nothing unless polled"]
     pub struct Wait<'a> {
         limiter: &'a RateLimiter,
-        token: &'a CancellationToken,
-        engine: Engine,
         #[pin]
-        sleep: Option<Sleep>,
-        #[pin]
-        cancelled: Option<WaitForCancellationFuture<'a>>,
+        engine: Engine<'a>,
     }
 }
 
@@ -126,10 +128,7 @@ impl<'a> Wait<'a> {
     ) -> Self {
         Wait {
             limiter,
-            token,
-            engine: Engine::new(n, max_wait),
-            sleep: None,
-            cancelled: None,
+            engine: Engine::new(token, n, max_wait),
         }
     }
 }
@@ -140,13 +139,7 @@ impl Future for Wait<'_> {
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.project();
         let limiter = *this.limiter;
-        this.engine.poll(
-            this.token,
-            |n| limiter.check_n(n),
-            this.sleep,
-            this.cancelled,
-            cx,
-        )
+        this.engine.poll(|n| limiter.check_n(n), cx)
     }
 }
 
@@ -169,12 +162,8 @@ pin_project! {
     pub struct KeyedWait<'a, K> {
         limiter: &'a KeyedRateLimiter<K>,
         key: &'a K,
-        token: &'a CancellationToken,
-        engine: Engine,
         #[pin]
-        sleep: Option<Sleep>,
-        #[pin]
-        cancelled: Option<WaitForCancellationFuture<'a>>,
+        engine: Engine<'a>,
     }
 }
 
@@ -188,10 +177,7 @@ impl<'a, K> KeyedWait<'a, K> {
         KeyedWait {
             limiter,
             key,
-            token,
-            engine: Engine::new(n, None),
-            sleep: None,
-            cancelled: None,
+            engine: Engine::new(token, n, None),
         }
     }
 }
@@ -202,13 +188,7 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static> Future for KeyedWait<'_, K> {
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.project();
         let (limiter, key) = (*this.limiter, *this.key);
-        this.engine.poll(
-            this.token,
-            |n| limiter.check_n(key, n),
-            this.sleep,
-            this.cancelled,
-            cx,
-        )
+        this.engine.poll(|n| limiter.check_n(key, n), cx)
     }
 }
 
