@@ -313,6 +313,9 @@ impl State {
     /// Joins the queue for `permits` (after a `try_acquire` found none), taking what is free
     /// on the way; served at once if that is enough and nobody is ahead.
     pub(crate) fn join(&self, permits: u32, waker: &Waker) -> Joined {
+        // Made before the lock, to keep the critical section short under contention.
+        let status = Arc::new(AtomicUsize::new(WAITING));
+        let waker = waker.clone();
         let mut waiters = self.lock();
         if waiters.closed {
             return Joined::Failed(AcquireError::Closed);
@@ -337,16 +340,13 @@ impl State {
         if taken == wanted {
             return Joined::Granted;
         }
-        if queued {
-            // The flag is already set (someone waits); make sure of it all the same.
-            self.take_free(0, |_| true);
-        }
-        let status = Arc::new(AtomicUsize::new(WAITING));
+        // With someone queued ahead the flag is set already (it stays set while the queue is
+        // not empty), and `take_free` above set it otherwise.
         let key = waiters.entries.insert(Waiter {
             wanted: permits,
             // `taken` is below `wanted`, a `u32`.
             assigned: u32::try_from(taken).unwrap_or(u32::MAX),
-            waker: Some(waker.clone()),
+            waker: Some(waker),
             status: Arc::clone(&status),
             abandoned: false,
         });
