@@ -5,7 +5,7 @@ use std::collections::hash_map::RandomState;
 use std::fmt;
 use std::hash::{BuildHasher, Hash};
 use std::marker::PhantomData;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::Duration;
 
@@ -67,6 +67,9 @@ pub struct KeyedRateLimiter<K> {
 struct Bucket {
     tat: u64,
     last_due: u64,
+    /// Unique per bucket made: a reservation of an evicted bucket does not refund into the
+    /// one made for the same key later.
+    born: u64,
 }
 
 struct Inner<K> {
@@ -79,6 +82,7 @@ struct Inner<K> {
     /// The sweep's token: a child of the builder's, cancelled when the last handle drops.
     sweep_token: CancellationToken,
     sweep_started: AtomicBool,
+    buckets_made: AtomicU64,
     _stop_sweep: DropGuard,
 }
 
@@ -165,6 +169,7 @@ impl<K> KeyedRateLimiterBuilder<K> {
                 _stop_sweep: sweep_token.clone().drop_guard(),
                 sweep_token,
                 sweep_started: AtomicBool::new(false),
+                buckets_made: AtomicU64::new(0),
             }),
         }
     }
@@ -231,10 +236,11 @@ where
     ///
     /// # Errors
     ///
-    /// [`CheckError::ExceedsBurst`].
+    /// [`CheckError::ExceedsBurst`], or `CheckError::NotYet { wait: Duration::MAX }` when the
+    /// key is already reserved beyond the clock's range (about 584 years ahead).
     pub fn reserve_n(&self, key: &K, n: u32) -> Result<KeyedReservation<K>, CheckError> {
         let clock = &self.inner.clock;
-        let (delay, due) = self.update(key, n, |rate, bucket, now| {
+        let (delay, due, born) = self.update(key, n, |rate, bucket, now| {
             let Some((tat, delay)) = rate.reserve(bucket.tat, now, n, u64::MAX) else {
                 return Err(CheckError::NotYet {
                     wait: Duration::MAX,
@@ -243,7 +249,7 @@ where
             bucket.tat = tat;
             let due = now.saturating_add(delay);
             bucket.last_due = bucket.last_due.max(due);
-            Ok((delay, due))
+            Ok((delay, due, bucket.born))
         })?;
         Ok(KeyedReservation {
             limiter: self.clone(),
@@ -252,6 +258,7 @@ where
             due: clock.instant(due),
             due_at: due,
             delay: Duration::from_nanos(delay),
+            born,
         })
     }
 
@@ -346,6 +353,7 @@ where
                 shard.entry(key.clone()).or_insert(Bucket {
                     tat: now,
                     last_due: 0,
+                    born: inner.buckets_made.fetch_add(1, Ordering::Relaxed),
                 })
             }
         };
@@ -368,8 +376,10 @@ where
         drop(taskweave_supervise::spawn(
             "keyed-limiter-sweep",
             evict_idle(
-                inner.sweep_token.clone(),
-                Arc::downgrade(inner),
+                SweepGuard {
+                    token: inner.sweep_token.clone(),
+                    limiter: Arc::downgrade(inner),
+                },
                 inner.sweep_every,
             ),
         ));
@@ -387,6 +397,8 @@ pub struct KeyedReservation<K: Hash + Eq> {
     due: tokio::time::Instant,
     due_at: u64,
     delay: Duration,
+    /// The bucket it was taken from.
+    born: u64,
 }
 
 impl<K: Hash + Eq> KeyedReservation<K> {
@@ -421,7 +433,10 @@ impl<K: Hash + Eq> KeyedReservation<K> {
             return;
         }
         let mut shard = inner.shard(&self.key);
-        let Some(bucket) = shard.get_mut(&self.key) else {
+        let Some(bucket) = shard
+            .get_mut(&self.key)
+            .filter(|bucket| bucket.born == self.born)
+        else {
             return;
         };
         let cost = inner.rate.interval.saturating_mul(u64::from(self.tokens));
@@ -484,11 +499,27 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-async fn evict_idle<K: Hash + Eq>(
+/// Lets the sweep start again at the next use when its task is dropped while the limiter is
+/// still wanted (its runtime shut down): made outside the task's future, so it also runs when
+/// the task is dropped before its first poll.
+struct SweepGuard<K> {
     token: CancellationToken,
     limiter: Weak<Inner<K>>,
-    every: Duration,
-) {
+}
+
+impl<K> Drop for SweepGuard<K> {
+    fn drop(&mut self) {
+        if !self.token.is_cancelled()
+            && let Some(inner) = self.limiter.upgrade()
+        {
+            inner.sweep_started.store(false, Ordering::Release);
+        }
+    }
+}
+
+async fn evict_idle<K: Hash + Eq>(guard: SweepGuard<K>, every: Duration) {
+    let SweepGuard { token, limiter } = &guard;
+    let (token, limiter) = (token.clone(), limiter.clone());
     // The first sweep one period from now; every wait is raced against the token, so the
     // task ends as soon as the limiter is dropped.
     let mut interval = tokio::time::interval_at(tokio::time::Instant::now() + every, every);

@@ -159,7 +159,10 @@ impl RateLimiter {
             Arc::strong_count(&self.inner) == 1 && self.inner.tat.load() == 0,
             "RateLimiter::with_tokio_clock: choose the clock right after construction"
         );
-        Self::with_clock(self.quota(), Clock::tokio())
+        // The interval asked for, not the one in use (which may be shortened for the burst):
+        // a later `set_burst` recomputes from it, on either clock alike.
+        let asked = self.books().asked;
+        Self::with_clock(Quota::every(asked).with_burst(self.burst()), Clock::tokio())
     }
 
     /// Takes one token if there is one.
@@ -265,13 +268,20 @@ impl RateLimiter {
     }
 
     /// Takes one token now or in the future; see [`reserve_n`](Self::reserve_n).
+    ///
+    /// Never fails: in the one case where [`reserve_n`](Self::reserve_n) would (the bucket
+    /// already reserved beyond the clock's range, about 584 years ahead), the reservation
+    /// holds no token and is never due ([`delay`](Reservation::delay) is `Duration::MAX`).
     #[must_use = "a reservation takes a token; cancel it to give it back"]
     pub fn reserve(&self) -> Reservation {
-        match self.reserve_n(1) {
-            Ok(reservation) => reservation,
-            // The burst is at least 1.
-            Err(_) => unreachable!("a burst is never zero"),
-        }
+        self.reserve_n(1).unwrap_or_else(|_| Reservation {
+            limiter: self.clone(),
+            tokens: 0,
+            due: self.inner.clock.instant(u64::MAX),
+            due_at: u64::MAX,
+            delay: Duration::MAX,
+            interval: self.rate().interval,
+        })
     }
 
     /// Takes `n` tokens now or in the future: the reservation says how long until they are
@@ -280,7 +290,9 @@ impl RateLimiter {
     ///
     /// # Errors
     ///
-    /// [`CheckError::ExceedsBurst`] when `n` is more than the burst.
+    /// [`CheckError::ExceedsBurst`] when `n` is more than the burst, or
+    /// `CheckError::NotYet { wait: Duration::MAX }` when the bucket is already reserved beyond
+    /// the clock's range (about 584 years ahead: reservations on a very slow quota).
     pub fn reserve_n(&self, n: u32) -> Result<Reservation, CheckError> {
         self.reserve_within(n, Duration::MAX)
     }

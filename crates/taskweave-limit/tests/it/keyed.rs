@@ -115,11 +115,22 @@ fn building_needs_no_runtime_and_the_sweep_starts_at_the_first_use_in_one() {
         limiter.allow(&"outside"),
         "works without a runtime (no sweep yet)"
     );
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .build()
-        .unwrap();
-    runtime.block_on(async {
+    let runtime = || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .unwrap()
+    };
+    // Dropping the first runtime drops the sweep with it; the next use, on another runtime,
+    // starts it again.
+    for key in ["first", "second"] {
+        runtime().block_on(async {
+            let baseline = alive_tasks();
+            assert!(limiter.allow(&key));
+            assert_eq!(alive_tasks(), baseline + 1, "{key} runtime: the sweep runs");
+        });
+    }
+    runtime().block_on(async {
         let baseline = alive_tasks();
         assert!(limiter.allow(&"inside"));
         assert_eq!(alive_tasks(), baseline + 1, "the sweep started");
@@ -180,4 +191,19 @@ async fn a_keyed_wait_whose_token_is_already_cancelled_takes_nothing() {
     token.cancel();
     assert_eq!(limiter.wait(&token, &1).await, Err(WaitError::Cancelled));
     assert!(limiter.allow(&1), "the token is still there");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_reservation_of_an_evicted_bucket_refunds_nothing_into_its_successor() {
+    let limiter = paused(1, 1, 1).build();
+    let first = limiter.reserve_n(&"a", 1).unwrap();
+    let second = limiter.reserve_n(&"a", 1).unwrap();
+    assert!(limiter.allow(&"b"), "evicts \"a\"");
+    assert!(limiter.allow(&"a"), "evicts \"b\": a new bucket for \"a\"");
+    second.cancel();
+    assert!(
+        !limiter.allow(&"a"),
+        "the old reservation gave nothing to the new bucket"
+    );
+    drop(first);
 }

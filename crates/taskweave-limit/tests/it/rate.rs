@@ -389,3 +389,34 @@ fn a_governor_quota_comes_over_unchanged() {
     let quota = Quota::from(governor);
     assert_eq!(quota, Quota::per_second(50).with_burst(5));
 }
+
+#[test]
+fn reservations_past_the_clock_s_range_never_panic_and_take_nothing() {
+    let limiter = RateLimiter::new(Quota::every(Duration::MAX));
+    let mut due_now_or_later = 0;
+    for _ in 0..6 {
+        let reservation = limiter.reserve();
+        if reservation.tokens() == 1 {
+            due_now_or_later += 1;
+        } else {
+            assert_eq!(reservation.delay(), Duration::MAX, "never due");
+        }
+    }
+    assert!(due_now_or_later >= 1, "the first one is due at once");
+    assert!(matches!(
+        limiter.reserve_n(1),
+        Err(CheckError::NotYet {
+            wait: Duration::MAX
+        })
+    ));
+}
+
+#[test]
+fn the_interval_asked_for_survives_choosing_tokio_s_clock() {
+    let quota = Quota::every(Duration::MAX).with_burst(4);
+    let fast = RateLimiter::new(quota);
+    let tokio = RateLimiter::new(quota).with_tokio_clock();
+    fast.set_burst(1);
+    tokio.set_burst(1);
+    assert_eq!(fast.interval(), tokio.interval());
+}
