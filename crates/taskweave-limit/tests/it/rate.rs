@@ -420,3 +420,36 @@ fn the_interval_asked_for_survives_choosing_tokio_s_clock() {
     tokio.set_burst(1);
     assert_eq!(fast.interval(), tokio.interval());
 }
+
+/// x/time/rate's bucket rules at fixed instants: 10 a second in bursts of 3, `(tenths of a
+/// second since the start, tokens asked for, granted)`, written from its documented
+/// behaviour (the burst refills one token per 100 ms, never past 3; more than the burst is
+/// refused; zero tokens are always granted).
+#[tokio::test(start_paused = true)]
+async fn a_burst_of_three_follows_x_time_rate_step_by_step() {
+    let limiter = paused(10, 3);
+    let start = Instant::now();
+    let steps: [(u64, u32, bool); 13] = [
+        (0, 2, true),
+        (0, 2, false),
+        (0, 1, true),
+        (0, 1, false),
+        (1, 4, false),
+        (2, 1, true),
+        (3, 1, true),
+        (4, 1, true),
+        (4, 1, true),
+        (4, 1, false),
+        (4, 1, false),
+        (9, 3, true),
+        (9, 0, true),
+    ];
+    for (step, (tenths, n, granted)) in steps.into_iter().enumerate() {
+        tokio::time::sleep_until(start + 100 * MS * u32::try_from(tenths).unwrap()).await;
+        assert_eq!(
+            limiter.allow_n(n),
+            granted,
+            "step {step}: {n} at {tenths}00 ms"
+        );
+    }
+}
