@@ -15,6 +15,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use tokio::time::Instant;
 
+use crate::Quota;
+
 /// Nanoseconds since the limiter's base instant: on the CPU's time-stamp counter through
 /// `quanta` (the default, as governor's: several times cheaper to read than the system
 /// clock), or on tokio's clock, chosen explicitly, so that the paused test clock drives it.
@@ -100,9 +102,7 @@ impl Rate {
     /// or how long until the tokens would be there. In `u128`, so nothing saturates: a sum
     /// that does not fit the state (settings read mid-change) is refused, never granted.
     pub(crate) fn step(self, tat: u64, now: u64, n: u32) -> Result<u64, u64> {
-        let cost = u128::from(self.interval) * u128::from(n);
-        let horizon = u128::from(now) + u128::from(self.interval) * u128::from(self.burst);
-        let new_tat = u128::from(tat.max(now)) + cost;
+        let (new_tat, horizon) = self.after(tat, now, n);
         if new_tat > horizon {
             return Err(u64::try_from(new_tat - horizon).unwrap_or(u64::MAX));
         }
@@ -112,9 +112,7 @@ impl Rate {
     /// Takes `n` tokens now or later: the new state and the delay until they are due, or
     /// `None` when that delay would be more than `max_wait` (or the state cannot hold it).
     pub(crate) fn reserve(self, tat: u64, now: u64, n: u32, max_wait: u64) -> Option<(u64, u64)> {
-        let cost = u128::from(self.interval) * u128::from(n);
-        let horizon = u128::from(now) + u128::from(self.interval) * u128::from(self.burst);
-        let new_tat = u128::from(tat.max(now)) + cost;
+        let (new_tat, horizon) = self.after(tat, now, n);
         let delay = u64::try_from(new_tat.saturating_sub(horizon)).ok()?;
         if delay > max_wait {
             return None;
@@ -122,10 +120,23 @@ impl Rate {
         Some((u64::try_from(new_tat).ok()?, delay))
     }
 
+    /// The state after taking `n` tokens at `now` from a bucket at `tat`, and the latest state
+    /// a grant may leave (`now` plus the burst window), in `u128`: nothing saturates.
+    fn after(self, tat: u64, now: u64, n: u32) -> (u128, u128) {
+        let cost = u128::from(self.interval) * u128::from(n);
+        let horizon = u128::from(now) + u128::from(self.interval) * u128::from(self.burst);
+        (u128::from(tat.max(now)) + cost, horizon)
+    }
+
+    /// The quota these settings hand out.
+    pub(crate) fn quota(self) -> Quota {
+        Quota::every(Duration::from_nanos(self.interval)).with_burst(self.burst)
+    }
+
     /// Tokens free at `now` for a bucket at `tat`.
     pub(crate) fn available(self, tat: u64, now: u64) -> u32 {
-        let horizon = u128::from(now) + u128::from(self.interval) * u128::from(self.burst);
-        let free = horizon.saturating_sub(u128::from(tat.max(now))) / u128::from(self.interval);
+        let (full, horizon) = self.after(tat, now, 0);
+        let free = horizon.saturating_sub(full) / u128::from(self.interval);
         u32::try_from(free).unwrap_or(u32::MAX)
     }
 }

@@ -298,8 +298,7 @@ where
     /// The quota each key gets.
     #[must_use]
     pub fn quota(&self) -> Quota {
-        let rate = self.inner.rate;
-        Quota::every(Duration::from_nanos(rate.interval)).with_burst(rate.burst)
+        self.inner.rate.quota()
     }
 
     /// The number of keys with a bucket now.

@@ -408,8 +408,7 @@ impl RateLimiter {
     /// The current quota (the interval as used: see [`Quota::every`] for the longest one).
     #[must_use]
     pub fn quota(&self) -> Quota {
-        let rate = self.rate();
-        Quota::every(Duration::from_nanos(rate.interval)).with_burst(rate.burst)
+        self.rate().quota()
     }
 
     /// The current burst.

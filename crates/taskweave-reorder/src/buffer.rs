@@ -201,21 +201,30 @@ impl<T> ReorderBuffer<T> {
     /// Skips every missing index up to the first buffered one, in one step whatever the
     /// distance. Returns how many indices were skipped.
     fn skip_to_buffered(&mut self) -> u64 {
-        let dense = self.slots.iter().position(Option::is_some);
-        let target = match dense {
-            Some(k) => self.next + k as u64,
-            None => match self.far.keys().next() {
-                Some(&key) => key,
-                None => return 0,
-            },
+        let Some(target) = self.first_buffered() else {
+            return 0;
         };
         let skipped = target - self.next;
-        match dense {
-            Some(k) => drop(self.slots.drain(..k)),
-            None => self.slots.clear(),
+        self.move_next_to(target);
+        skipped
+    }
+
+    /// The lowest buffered index.
+    fn first_buffered(&self) -> Option<u64> {
+        let dense = self.slots.iter().position(Option::is_some);
+        dense
+            .map(|k| self.next + k as u64)
+            .or_else(|| self.far.keys().next().copied())
+    }
+
+    /// Moves `next` on to `target`, at most the first buffered index: the slots before it
+    /// are missing ones.
+    fn move_next_to(&mut self, target: u64) {
+        match usize::try_from(target - self.next) {
+            Ok(k) if k <= self.slots.len() => drop(self.slots.drain(..k)),
+            _ => self.slots.clear(),
         }
         self.next = target;
-        skipped
     }
 
     /// The index the next [`pop`](Self::pop) waits for. Once `u64::MAX` has been taken out
@@ -320,20 +329,11 @@ impl<T> ReorderBuffer<T> {
         // The window must start at `index - window + 1` for `index` to fit; a buffered value
         // before that stops the skip.
         let fitting = index - (self.window as u64 - 1);
-        let first_buffered = {
-            let dense = self.slots.iter().position(Option::is_some);
-            dense
-                .map(|k| self.next + k as u64)
-                .or_else(|| self.far.keys().next().copied())
-        };
-        let target = first_buffered.map_or(fitting, |buffered| buffered.min(fitting));
+        let target = self
+            .first_buffered()
+            .map_or(fitting, |buffered| buffered.min(fitting));
         let start = self.next;
-        let skipped = target - start;
-        match usize::try_from(skipped) {
-            Ok(k) if k <= self.slots.len() => drop(self.slots.drain(..k)),
-            _ => self.slots.clear(),
-        }
-        self.next = target;
+        self.move_next_to(target);
         Some(MissingIndices::from_ranges(vec![start..=target - 1]))
     }
 

@@ -5,7 +5,7 @@ use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, Waker};
 
 use pin_project_lite::pin_project;
 use tokio_util::sync::{
@@ -16,12 +16,18 @@ use crate::semaphore::Inner;
 use crate::state::{Joined, Polled, Ticket};
 use crate::{AcquireError, OwnedPermit, Permit, Semaphore, TryAcquireError};
 
+/// How a wait's first poll ended.
+enum Started {
+    Done(Result<(), AcquireError>),
+    Queued(Ticket),
+}
+
 /// One wait for permits: the part of an acquire future that needs no pinning.
 #[derive(Debug)]
 struct Wait {
     permits: u32,
-    /// The waiter's ticket once queued.
-    key: Option<Ticket>,
+    /// The waiter's ticket while queued.
+    ticket: Option<Ticket>,
     done: bool,
 }
 
@@ -29,7 +35,7 @@ impl Wait {
     fn new(permits: u32) -> Self {
         Wait {
             permits,
-            key: None,
+            ticket: None,
             done: false,
         }
     }
@@ -47,56 +53,31 @@ impl Wait {
     ) -> Poll<Result<(), AcquireError>> {
         assert!(!self.done, "an acquire future polled after completion");
         let watched = inner.watches(token);
-        if self.key.is_none() {
-            {
-                // A token already cancelled wins over free permits.
-                if watched && token.is_cancelled() {
-                    return self.finish(Err(AcquireError::Cancelled));
-                }
-                match inner.state.try_acquire(self.permits) {
-                    Ok(()) => return self.finish(Ok(())),
-                    Err(TryAcquireError::Closed) => return self.finish(Err(inner.closed(token))),
-                    Err(TryAcquireError::TooLarge {
-                        requested,
-                        capacity,
-                    }) => {
-                        return self.finish(Err(AcquireError::TooLarge {
-                            requested,
-                            capacity,
-                        }));
+        let ticket = match self.ticket.take() {
+            Some(ticket) => ticket,
+            None => match self.start(inner, token, watched, cx.waker()) {
+                Started::Done(outcome) => return self.finish(outcome),
+                Started::Queued(ticket) => {
+                    if watched {
+                        cancelled.set(Some(arm()));
                     }
-                    Err(TryAcquireError::NoPermits) => {}
+                    ticket
                 }
-                match inner.state.join(self.permits, cx.waker()) {
-                    Joined::Granted => return self.finish(Ok(())),
-                    Joined::Failed(AcquireError::Closed) => {
-                        return self.finish(Err(inner.closed(token)));
-                    }
-                    Joined::Failed(error) => return self.finish(Err(error)),
-                    Joined::Queued(ticket) => {
-                        self.key = Some(ticket);
-                        if watched {
-                            cancelled.set(Some(arm()));
-                        }
-                    }
-                }
-            }
-        }
-        let Some(ticket) = self.key.as_ref() else {
-            unreachable!("queued above");
+            },
         };
         if let Some(cancelled) = cancelled.as_mut().as_pin_mut()
             && cancelled.poll(cx).is_ready()
         {
             // Whatever was assigned, a full grant included, goes to the waiters behind.
-            inner.state.abandon(ticket);
-            self.key = None;
+            inner.state.abandon(&ticket);
             return self.finish(Err(AcquireError::Cancelled));
         }
-        match inner.state.poll_queued(ticket, cx.waker()) {
-            Polled::Pending => Poll::Pending,
+        match inner.state.poll_queued(&ticket, cx.waker()) {
+            Polled::Pending => {
+                self.ticket = Some(ticket);
+                Poll::Pending
+            }
             Polled::Done(outcome) => {
-                self.key = None;
                 let outcome = match outcome {
                     Err(AcquireError::Closed) => Err(inner.closed(token)),
                     // A wait on the bound token: its cancellation closed the semaphore after
@@ -112,6 +93,40 @@ impl Wait {
         }
     }
 
+    /// The first poll: the token first (one already cancelled wins over free permits), then
+    /// the fast path, then the queue.
+    fn start(
+        &self,
+        inner: &Inner,
+        token: &CancellationToken,
+        watched: bool,
+        waker: &Waker,
+    ) -> Started {
+        if watched && token.is_cancelled() {
+            return Started::Done(Err(AcquireError::Cancelled));
+        }
+        let refused = match inner.state.try_acquire(self.permits) {
+            Ok(()) => return Started::Done(Ok(())),
+            Err(TryAcquireError::NoPermits) => match inner.state.join(self.permits, waker) {
+                Joined::Granted => return Started::Done(Ok(())),
+                Joined::Queued(ticket) => return Started::Queued(ticket),
+                Joined::Failed(error) => error,
+            },
+            Err(TryAcquireError::Closed) => AcquireError::Closed,
+            Err(TryAcquireError::TooLarge {
+                requested,
+                capacity,
+            }) => AcquireError::TooLarge {
+                requested,
+                capacity,
+            },
+        };
+        Started::Done(Err(match refused {
+            AcquireError::Closed => inner.closed(token),
+            error => error,
+        }))
+    }
+
     fn finish(&mut self, outcome: Result<(), AcquireError>) -> Poll<Result<(), AcquireError>> {
         self.done = true;
         Poll::Ready(outcome)
@@ -119,7 +134,7 @@ impl Wait {
 
     /// Gives up a wait in progress (the future is dropped).
     fn abandon(&mut self, inner: &Inner) {
-        if let Some(ticket) = self.key.take() {
+        if let Some(ticket) = self.ticket.take() {
             inner.state.abandon(&ticket);
         }
     }
@@ -188,7 +203,7 @@ impl fmt::Debug for Acquire<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Acquire")
             .field("permits", &self.wait.permits)
-            .field("queued", &self.wait.key.is_some())
+            .field("queued", &self.wait.ticket.is_some())
             .finish_non_exhaustive()
     }
 }
@@ -252,7 +267,7 @@ impl fmt::Debug for AcquireOwned {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("AcquireOwned")
             .field("permits", &self.wait.permits)
-            .field("queued", &self.wait.key.is_some())
+            .field("queued", &self.wait.ticket.is_some())
             .finish_non_exhaustive()
     }
 }
@@ -344,7 +359,7 @@ impl fmt::Debug for PollSemaphore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("PollSemaphore")
             .field("semaphore", &self.semaphore)
-            .field("queued", &self.wait.key.is_some())
+            .field("queued", &self.wait.ticket.is_some())
             .finish_non_exhaustive()
     }
 }
