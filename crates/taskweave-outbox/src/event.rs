@@ -265,6 +265,9 @@ pub struct OutboxRecord {
     pub headers: Vec<(String, Vec<u8>)>,
     /// The per-key sequence sent in [`SEQUENCE_HEADER`]: the caller's, or the outbox id.
     pub sequence: i64,
+    /// Failed publish attempts so far (0 for an event never tried, or retried by an
+    /// operator).
+    pub attempts: u32,
 }
 
 impl fmt::Debug for OutboxRecord {

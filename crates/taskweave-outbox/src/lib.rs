@@ -14,6 +14,15 @@
 //!   acknowledgement, marks the delivered events dispatched and commits; one batch, one
 //!   transaction, never cut off halfway. `run(token)` stops between batches;
 //!   `drain(token, deadline)` starts no batch that cannot finish before the deadline.
+//! - A failed publish backs off its key only ([`RetryPolicy`]: exponential, with jitter,
+//!   stored on the row); after too many attempts, or at once for a permanent error, the
+//!   event is *parked*, and [`Store::parked`], [`Store::retry_parked`] and
+//!   [`Store::purge_parked`] are what an operator runs after fixing the cause. Every
+//!   other key flows meanwhile, including the keys that share the failing key's bucket.
+//! - [`Retention`] deletes dispatched events after an age, in bounded batches, on a
+//!   [`taskweave_periodic`] schedule; [`Store::stats`] gives the pending count and the lag
+//!   in one cheap query; [`PgStore::with_notify`] wakes relays across processes with
+//!   `LISTEN`/`NOTIFY`.
 //! - [`MemoryStore`] and [`MemoryPublisher`] keep the same rules in memory, for the tour
 //!   and paused-clock tests; one test suite runs against both stores.
 //!
@@ -63,6 +72,8 @@ mod headers;
 mod nudge;
 mod publish;
 mod relay;
+mod retention;
+mod retry;
 mod store;
 
 pub use bucket::bucket_of;
@@ -75,6 +86,11 @@ pub use publish::{MemoryPublisher, Published, Publisher};
 pub use relay::{
     BatchSummary, Relay, RelayMetrics, RelayMetricsHandle, RelayReport, StopReason, hooks,
 };
-pub use store::{Batch, ClaimLimits, MemoryBatch, MemoryStore, MemoryTransaction, Store};
+pub use retention::Retention;
+pub use retry::{FailedAttempt, NextAttempt, RetryPolicy};
+pub use store::{
+    Batch, ClaimLimits, MemoryBatch, MemoryStore, MemoryTransaction, OutboxStats, ParkedEvent,
+    Store,
+};
 #[cfg(feature = "postgres")]
 pub use store::{PgBatch, PgStore, Schema, migrate};

@@ -3,8 +3,10 @@
 use std::fmt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
 use crate::error::PublishErrorKind;
+use crate::relay::BatchSummary;
 
 /// Plain event counters. Each is read and written on its own (`Relaxed`): a snapshot is a
 /// set of counts taken one after another, not one instant, and nothing synchronises
@@ -20,6 +22,13 @@ pub(crate) struct Counters {
     sent_after_failure: AtomicU64,
     store_errors: AtomicU64,
     published_not_committed: AtomicU64,
+    parked: AtomicU64,
+    backoffs: AtomicU64,
+    claimed: AtomicU64,
+    batch_micros: AtomicU64,
+    last_batch_events: AtomicU64,
+    last_batch_micros: AtomicU64,
+    max_batch_micros: AtomicU64,
 }
 
 impl Counters {
@@ -39,19 +48,30 @@ impl Counters {
         .fetch_add(count as u64, Ordering::Relaxed);
     }
 
-    pub(crate) fn batch_committed(
-        &self,
-        dispatched: usize,
-        sent_after_failure: usize,
-        held_back: usize,
-    ) {
+    pub(crate) fn batch_committed(&self, summary: &BatchSummary, parked: usize, backoffs: usize) {
         self.batches.fetch_add(1, Ordering::Relaxed);
         self.dispatched
-            .fetch_add(dispatched as u64, Ordering::Relaxed);
+            .fetch_add(summary.dispatched as u64, Ordering::Relaxed);
         self.sent_after_failure
-            .fetch_add(sent_after_failure as u64, Ordering::Relaxed);
+            .fetch_add(summary.sent_after_failure as u64, Ordering::Relaxed);
         self.held_back
-            .fetch_add(held_back as u64, Ordering::Relaxed);
+            .fetch_add(summary.held_back as u64, Ordering::Relaxed);
+        self.parked.fetch_add(parked as u64, Ordering::Relaxed);
+        self.backoffs.fetch_add(backoffs as u64, Ordering::Relaxed);
+    }
+
+    /// A batch that claimed `claimed` events took `took`, claim to commit.
+    pub(crate) fn batch_took(&self, claimed: usize, took: Duration) {
+        if claimed == 0 {
+            return;
+        }
+        let micros = u64::try_from(took.as_micros()).unwrap_or(u64::MAX);
+        self.claimed.fetch_add(claimed as u64, Ordering::Relaxed);
+        self.batch_micros.fetch_add(micros, Ordering::Relaxed);
+        self.last_batch_events
+            .store(claimed as u64, Ordering::Relaxed);
+        self.last_batch_micros.store(micros, Ordering::Relaxed);
+        self.max_batch_micros.fetch_max(micros, Ordering::Relaxed);
     }
 
     pub(crate) fn commit_failed(&self, published: usize) {
@@ -88,6 +108,13 @@ impl RelayMetricsHandle {
             sent_after_failure: get(&c.sent_after_failure),
             store_errors: get(&c.store_errors),
             published_not_committed: get(&c.published_not_committed),
+            parked: get(&c.parked),
+            backoffs: get(&c.backoffs),
+            claimed: get(&c.claimed),
+            batch_time: Duration::from_micros(get(&c.batch_micros)),
+            last_batch_events: get(&c.last_batch_events),
+            last_batch_took: Duration::from_micros(get(&c.last_batch_micros)),
+            max_batch_took: Duration::from_micros(get(&c.max_batch_micros)),
         }
     }
 }
@@ -100,7 +127,8 @@ impl fmt::Debug for RelayMetricsHandle {
     }
 }
 
-/// Cumulative counts of a relay.
+/// Cumulative counts of a relay (what waits in the store, and the lag, come from
+/// [`Store::stats`](crate::Store::stats)).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct RelayMetrics {
@@ -110,12 +138,17 @@ pub struct RelayMetrics {
     pub empty_polls: u64,
     /// Events published and marked dispatched.
     pub dispatched: u64,
-    /// Publishes that failed and may work later (including acknowledgements that did not
-    /// come back within the batch budget).
+    /// Failed attempts that may work later (broker unavailable, leader changes, timeouts,
+    /// acknowledgements that did not come back within the batch budget). One per key and
+    /// batch: the key's later events wait and are not tried.
     pub retriable_failures: u64,
-    /// Publishes that failed for good (too large, unknown topic, not authorised, or a
-    /// publisher broken for good).
+    /// Failed attempts that will not work without a change (too large, unknown topic, not
+    /// authorised), or a publisher broken for good.
     pub permanent_failures: u64,
+    /// Events parked: after their last attempt, or at once for a permanent error.
+    pub parked: u64,
+    /// Failed attempts followed by a backoff (the event is tried again later).
+    pub backoffs: u64,
     /// Events not sent because an earlier event of their key failed in the same batch (or
     /// the batch ran out of time): left pending, in order.
     pub held_back: u64,
@@ -129,4 +162,14 @@ pub struct RelayMetrics {
     /// Events acknowledged by the broker whose batch then failed to commit: they will be
     /// published again (the duplicates consumers will see).
     pub published_not_committed: u64,
+    /// Events claimed by batches (the mean batch size is `claimed / batches`).
+    pub claimed: u64,
+    /// The time of every batch that claimed events, claim to commit, summed.
+    pub batch_time: Duration,
+    /// The events the last batch that claimed any claimed.
+    pub last_batch_events: u64,
+    /// How long that batch took.
+    pub last_batch_took: Duration,
+    /// The longest batch so far.
+    pub max_batch_took: Duration,
 }

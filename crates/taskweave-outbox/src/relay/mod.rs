@@ -11,8 +11,9 @@ use taskweave_shutdown::Shutdown;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::error::{PublishErrorKind, StoreError};
+use crate::error::{PublishError, PublishErrorKind, StoreError};
 use crate::publish::Publisher;
+use crate::retry::{FailedAttempt, NextAttempt, RetryPolicy};
 use crate::store::{Batch, ClaimLimits, Store};
 
 mod metrics;
@@ -29,6 +30,9 @@ const PUBLISH_SHARE: f64 = 0.8;
 
 /// The share of the batch budget the claim may take.
 const CLAIM_SHARE: f64 = 0.1;
+
+/// How long the relay's report at stop waits for the store's counts.
+const REPORT_STATS_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Publishes the events of a [`Store`] through a [`Publisher`], batch after batch.
 ///
@@ -48,14 +52,24 @@ const CLAIM_SHARE: f64 = 0.1;
 ///   fails, its later events in the batch are not sent, and are not marked even if they
 ///   were sent already (then they are sent again after the failed one: see
 ///   [`RelayMetrics::sent_after_failure`]).
+/// - **A failing key waits alone.** A failed publish is recorded on its event (attempts,
+///   next attempt, error) in the batch's transaction, and the event and its key's later
+///   events back off under the [`RetryPolicy`]; after its last attempt, or at once for a
+///   permanent error (too large, unknown topic, not authorised), the event is parked until
+///   an operator acts ([`Store::parked`]). Every other key flows meanwhile, including the
+///   keys of the same bucket.
 /// - **A batch is never cut off.** Cancelling the token stops the relay *between* batches:
 ///   the batch in flight finishes (publish, commit) and no new one starts. A batch is
 ///   bounded by its [budget](Self::with_batch_budget): 80 % for publishing, after which
 ///   unacknowledged events count as failed, and the rest for the commit.
-/// - **Bounded latency.** After a batch that found events the next starts at once; when
-///   there is nothing to do it waits for the [poll interval](Self::with_poll_interval), or
-///   less when a writer in this process nudges it (see
-///   [`PgStore::commit`](crate::PgStore::commit)). After a failure it waits a full interval.
+/// - **Bounded latency.** After a batch that found events the next starts at once. When
+///   there is nothing to do it polls adaptively: first after the
+///   [short interval](Self::with_min_poll_interval), doubling after each empty poll up to
+///   the [poll interval](Self::with_poll_interval); a writer in this process (see
+///   [`PgStore::commit`](crate::PgStore::commit)), or in any process with
+///   [`PgStore::with_notify`](crate::PgStore::with_notify), wakes it at once. After a
+///   store failure, or a batch in which nothing could be published, it waits a full
+///   interval.
 ///
 /// # Examples
 ///
@@ -92,7 +106,9 @@ pub struct Relay<S, P> {
     batch_size: u32,
     buckets_per_batch: u32,
     poll_interval: Duration,
+    min_poll_interval: Duration,
     batch_budget: Duration,
+    retry: RetryPolicy,
     shutdown: Option<Shutdown>,
     counters: Arc<Counters>,
     #[cfg(feature = "test-hooks")]
@@ -101,7 +117,8 @@ pub struct Relay<S, P> {
 
 impl<S: Store, P: Publisher> Relay<S, P> {
     /// A relay from `store` to `publisher` with batches of up to 500 events from up to 16
-    /// buckets, a 500 ms poll interval and a 10 s batch budget.
+    /// buckets, a poll interval from 10 ms (just after work) up to 500 ms (idle), a 10 s
+    /// batch budget and the default [`RetryPolicy`].
     pub fn new(store: S, publisher: P) -> Self {
         Self {
             store,
@@ -110,7 +127,9 @@ impl<S: Store, P: Publisher> Relay<S, P> {
             batch_size: 500,
             buckets_per_batch: 16,
             poll_interval: Duration::from_millis(500),
+            min_poll_interval: Duration::from_millis(10),
             batch_budget: Duration::from_secs(10),
+            retry: RetryPolicy::new(),
             shutdown: None,
             counters: Arc::default(),
             #[cfg(feature = "test-hooks")]
@@ -157,7 +176,8 @@ impl<S: Store, P: Publisher> Relay<S, P> {
         self
     }
 
-    /// How long to wait when there was nothing to publish (or the last batch failed).
+    /// The longest wait between two polls when there is nothing to publish, and the wait
+    /// after a failure.
     ///
     /// # Panics
     ///
@@ -169,6 +189,33 @@ impl<S: Store, P: Publisher> Relay<S, P> {
             "Relay::with_poll_interval: the interval must be greater than zero"
         );
         self.poll_interval = interval;
+        self
+    }
+
+    /// The first wait after a batch that found work came back empty; each further empty
+    /// poll doubles it, up to the [poll interval](Self::with_poll_interval). Writers in
+    /// other processes (without [`PgStore::with_notify`](crate::PgStore::with_notify)) are
+    /// then seen within this long while events keep coming, at the cost of a few more
+    /// polls each time the flow stops. Set it equal to the poll interval for a fixed
+    /// interval.
+    ///
+    /// # Panics
+    ///
+    /// Panics if `interval` is zero.
+    #[must_use]
+    pub fn with_min_poll_interval(mut self, interval: Duration) -> Self {
+        assert!(
+            !interval.is_zero(),
+            "Relay::with_min_poll_interval: the interval must be greater than zero"
+        );
+        self.min_poll_interval = interval;
+        self
+    }
+
+    /// How failed events are retried before they are parked.
+    #[must_use]
+    pub fn with_retry(mut self, policy: RetryPolicy) -> Self {
+        self.retry = policy;
         self
     }
 
@@ -240,7 +287,15 @@ impl<S: Store, P: Publisher> Relay<S, P> {
 
     async fn relay(self, token: CancellationToken, drain_until: Option<Instant>) -> RelayReport {
         let mut listener = self.store.nudge().listen();
+        let wake_ups_token = token.child_token();
+        let wake_ups = self
+            .store
+            .wake_ups(wake_ups_token.clone())
+            .map(|listen| taskweave_supervise::spawn(format!("{}: listener", self.name), listen));
         let mut report = RelayReport::new(self.name.clone());
+        let min_poll = self.min_poll_interval.min(self.poll_interval);
+        // The next idle wait: short after work, doubling while idle.
+        let mut idle_wait = self.poll_interval;
         tracing::debug!(relay = %self.name, "outbox relay started");
         let stopped = loop {
             if token.is_cancelled() {
@@ -267,7 +322,7 @@ impl<S: Store, P: Publisher> Relay<S, P> {
             if token.is_cancelled() && outcome.as_ref().is_ok_and(|s| s.claimed > 0) {
                 report.finished_batch_after_cancel = true;
             }
-            let wait = match outcome {
+            let wait: Option<Duration> = match outcome {
                 Ok(summary) => {
                     report.add(&summary);
                     let fatal = summary.fatal.clone();
@@ -291,19 +346,28 @@ impl<S: Store, P: Publisher> Relay<S, P> {
                     // Wait when there was nothing to do, or nothing could be done (a broker
                     // down); go on at once when the batch made progress, even if one key
                     // failed, so that a failing key does not slow the others down.
-                    empty || stuck
+                    if stuck {
+                        Some(self.poll_interval)
+                    } else if empty {
+                        let wait = idle_wait;
+                        idle_wait = idle_wait.saturating_mul(2).min(self.poll_interval);
+                        Some(wait)
+                    } else {
+                        idle_wait = min_poll;
+                        None
+                    }
                 }
                 Err(error) => {
                     self.store_failed(&mut report, &error);
-                    true
+                    Some(self.poll_interval)
                 }
             };
             match wait {
-                true => {
+                Some(wait) => {
                     // A nudge means new work that may be claimable, so it ends the wait
-                    // after a failure too (a failing event is then retried at most once per
-                    // local commit).
-                    let sleep = tokio::time::sleep(self.poll_interval);
+                    // after a failure too (failed events themselves wait for their
+                    // backoff, which the store keeps).
+                    let sleep = tokio::time::sleep(wait);
                     tokio::select! {
                         biased;
                         () = token.cancelled() => {}
@@ -314,8 +378,21 @@ impl<S: Store, P: Publisher> Relay<S, P> {
                 // More may be pending: go on at once, but let the runtime's other tasks (other
                 // relays, the writers) run first, since a store and publisher that never wait
                 // would otherwise keep this task on the thread.
-                false => tokio::task::yield_now().await,
+                None => tokio::task::yield_now().await,
             }
+        };
+        wake_ups_token.cancel();
+        if let Some(listener) = wake_ups {
+            // It stops at its next await; a failure of it is logged where it happened.
+            drop(listener.await);
+        }
+        report.left = match tokio::time::timeout(REPORT_STATS_TIMEOUT, self.store.stats()).await {
+            Ok(Ok(stats)) => Some(stats),
+            Ok(Err(error)) => {
+                tracing::debug!(relay = %self.name, %error, "outbox relay could not count what it left");
+                None
+            }
+            Err(_) => None,
         };
         report.stopped = stopped;
         tracing::debug!(relay = %self.name, stopped = %report.stopped, dispatched = report.dispatched, "outbox relay stopped");
@@ -359,7 +436,7 @@ impl<S: Store, P: Publisher> Relay<S, P> {
         // Send in id order. A key whose record failed to send is blocked for the rest of
         // the batch; so is everything after a send that ran out of time.
         let mut blocked: HashSet<&[u8]> = HashSet::new();
-        let mut outcomes: Vec<Option<Result<(), PublishErrorKind>>> = vec![None; records.len()];
+        let mut outcomes: Vec<Outcome> = vec![Outcome::HeldBack; records.len()];
         let mut deliveries = FuturesUnordered::new();
         let mut out_of_time = false;
         for (index, record) in records.iter().enumerate() {
@@ -368,10 +445,12 @@ impl<S: Store, P: Publisher> Relay<S, P> {
                 continue;
             }
             match tokio::time::timeout_at(publish_deadline, self.publisher.send(record)).await {
-                Ok(Ok(delivery)) => deliveries.push(async move { (index, delivery.await) }),
+                Ok(Ok(delivery)) => {
+                    outcomes[index] = Outcome::Sent;
+                    deliveries.push(async move { (index, delivery.await) });
+                }
                 Ok(Err(error)) => {
                     tracing::warn!(relay = %self.name, id = record.id, topic = %record.topic, %error, "outbox publish failed");
-                    outcomes[index] = Some(Err(error.kind()));
                     blocked.insert(record.key.as_slice());
                     if error.kind() == PublishErrorKind::Fatal {
                         summary
@@ -380,6 +459,7 @@ impl<S: Store, P: Publisher> Relay<S, P> {
                         // Nothing more can go through this publisher.
                         out_of_time = true;
                     }
+                    outcomes[index] = Outcome::Failed(error);
                 }
                 Err(_) => {
                     tracing::warn!(relay = %self.name, id = record.id, "outbox batch ran out of publish time while sending");
@@ -390,16 +470,16 @@ impl<S: Store, P: Publisher> Relay<S, P> {
         }
         loop {
             match tokio::time::timeout_at(publish_deadline, deliveries.next()).await {
-                Ok(Some((index, Ok(())))) => outcomes[index] = Some(Ok(())),
+                Ok(Some((index, Ok(())))) => outcomes[index] = Outcome::Delivered,
                 Ok(Some((index, Err(error)))) => {
                     let record = &records[index];
                     tracing::warn!(relay = %self.name, id = record.id, topic = %record.topic, %error, "outbox publish failed");
-                    outcomes[index] = Some(Err(error.kind()));
                     if error.kind() == PublishErrorKind::Fatal {
                         summary
                             .fatal
                             .get_or_insert_with(|| error.message().to_owned());
                     }
+                    outcomes[index] = Outcome::Failed(error);
                 }
                 Ok(None) => break,
                 Err(_) => {
@@ -412,47 +492,79 @@ impl<S: Store, P: Publisher> Relay<S, P> {
         drop(deliveries);
         self.hook(hooks::Point::AfterAcks).await;
 
-        // Mark a key's records while they succeed; stop marking it at its first failure.
+        // Mark a key's records while they succeed; at its first failure record the failed
+        // attempt (back off or park) and mark nothing more of it.
         let mut failed_keys: HashSet<&[u8]> = HashSet::new();
         let mut dispatched = Vec::with_capacity(records.len());
-        for (record, outcome) in records.iter().zip(&outcomes) {
+        let mut failed = Vec::new();
+        for (record, outcome) in records.iter().zip(outcomes) {
             let key = record.key.as_slice();
-            match outcome {
-                Some(Ok(())) if failed_keys.contains(key) => summary.sent_after_failure += 1,
-                Some(Ok(())) => dispatched.push(record.id),
-                Some(Err(kind)) => {
-                    summary.failed += 1;
-                    self.counters.publish_failed(*kind, 1);
-                    failed_keys.insert(key);
+            if failed_keys.contains(key) {
+                if matches!(outcome, Outcome::Delivered) {
+                    summary.sent_after_failure += 1;
                 }
-                // Held back, or timed out: not known to be delivered.
-                None => {
+                continue;
+            }
+            let error = match outcome {
+                Outcome::Delivered => {
+                    dispatched.push(record.id);
+                    continue;
+                }
+                Outcome::HeldBack => {
+                    // Never sent (time ran out, or the publisher failed for good): not the
+                    // event's fault, so no attempt is counted.
                     failed_keys.insert(key);
+                    continue;
+                }
+                Outcome::Sent => {
+                    PublishError::retriable("no acknowledgement within the batch's publish time")
+                }
+                Outcome::Failed(error) => error,
+            };
+            failed_keys.insert(key);
+            summary.failed += 1;
+            self.counters.publish_failed(error.kind(), 1);
+            if error.kind() == PublishErrorKind::Fatal {
+                // The publisher broke, not the event: it is retried by the next relay.
+                continue;
+            }
+            let attempts = record.attempts.saturating_add(1);
+            let next = self.retry.next(record.id, attempts, error.kind());
+            match next {
+                NextAttempt::Park => {
+                    summary.parked += 1;
+                    tracing::error!(relay = %self.name, id = record.id, event_id = %record.event_id, topic = %record.topic, attempts, %error, "outbox event parked: it and the later events of its key wait for an operator (Store::parked)");
+                }
+                NextAttempt::After(delay) => {
+                    summary.backing_off += 1;
+                    tracing::debug!(relay = %self.name, id = record.id, attempts, ?delay, "outbox event backs off");
                 }
             }
+            failed.push(FailedAttempt {
+                id: record.id,
+                error: error.to_string(),
+                next,
+            });
         }
-        summary.failed += summary.timed_out;
-        self.counters
-            .publish_failed(PublishErrorKind::Retriable, summary.timed_out);
         let delivered = dispatched.len();
-        match batch.commit(dispatched).await {
+        let (parked, backing_off) = (summary.parked, summary.backing_off);
+        match batch.complete(dispatched, failed).await {
             Ok(()) => {
                 summary.dispatched = delivered;
-                self.counters.batch_committed(
-                    delivered,
-                    summary.sent_after_failure,
-                    summary.held_back,
-                );
+                self.counters.batch_committed(&summary, parked, backing_off);
             }
             Err(error) => {
                 // Published but not marked: these will be published again.
                 summary.commit_failed = true;
+                summary.parked = 0;
+                summary.backing_off = 0;
                 self.counters.commit_failed(delivered);
                 tracing::warn!(relay = %self.name, error = %error, published = delivered, "outbox commit failed after publishing: these events will be published again");
             }
         }
         self.hook(hooks::Point::AfterCommit).await;
         summary.took = started.elapsed();
+        self.counters.batch_took(summary.claimed, summary.took);
         tracing::debug!(relay = %self.name, claimed = summary.claimed, dispatched = summary.dispatched, failed = summary.failed, took = ?summary.took, "outbox batch");
         Ok(summary)
     }
@@ -484,6 +596,19 @@ impl<S, P> Relay<S, P> {
         self.hook = Some(Arc::new(hook));
         self
     }
+}
+
+/// Where one record of a batch stands.
+#[derive(Clone, Debug)]
+enum Outcome {
+    /// Not sent.
+    HeldBack,
+    /// Sent; no acknowledgement yet (or none within the publish time).
+    Sent,
+    /// Acknowledged.
+    Delivered,
+    /// Refused at send, or its acknowledgement failed.
+    Failed(PublishError),
 }
 
 impl<S, P> fmt::Debug for Relay<S, P> {

@@ -3,6 +3,8 @@
 use std::fmt;
 use std::time::Duration;
 
+use crate::store::OutboxStats;
+
 /// What one batch did.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
@@ -11,9 +13,13 @@ pub struct BatchSummary {
     pub claimed: usize,
     /// Events published and marked dispatched.
     pub dispatched: usize,
-    /// Events whose publish failed (refused, failed acknowledgement, or no acknowledgement
-    /// within the budget).
+    /// Failed attempts (refused, failed acknowledgement, or no acknowledgement within the
+    /// budget): one per key, its first failing event; the key's later events wait.
     pub failed: usize,
+    /// Of `failed`: events parked (their last attempt, or a permanent error).
+    pub parked: usize,
+    /// Of `failed`: events that back off and are tried again later.
+    pub backing_off: usize,
     /// Of `failed`: acknowledgements still missing when the publish time ran out.
     pub timed_out: usize,
     /// Events not sent because an earlier event of their key had failed, or the time ran out.
@@ -86,6 +92,9 @@ pub struct RelayReport {
     pub finished_batch_after_cancel: bool,
     /// The last batch.
     pub last_batch: Option<BatchSummary>,
+    /// What was left in the store when it stopped (`None` if the store did not answer
+    /// within 2 s).
+    pub left: Option<OutboxStats>,
     /// Why it stopped.
     pub stopped: StopReason,
 }
@@ -100,6 +109,7 @@ impl RelayReport {
             store_errors: 0,
             finished_batch_after_cancel: false,
             last_batch: None,
+            left: None,
             stopped: StopReason::Cancelled,
         }
     }
@@ -125,6 +135,23 @@ impl fmt::Display for RelayReport {
         )?;
         if self.finished_batch_after_cancel {
             f.write_str(" (finished the batch in flight)")?;
+        }
+        if let Some(last) = &self.last_batch {
+            write!(
+                f,
+                "; last batch: {} claimed, {} dispatched, {} failed in {:?}",
+                last.claimed, last.dispatched, last.failed, last.took
+            )?;
+        }
+        if let Some(left) = &self.left {
+            write!(
+                f,
+                "; left: {} pending ({} backing off), {} parked, {} behind parked",
+                left.pending, left.backing_off, left.parked, left.behind_parked
+            )?;
+            if let Some(lag) = left.oldest_pending_age {
+                write!(f, ", oldest {lag:?}")?;
+            }
         }
         Ok(())
     }

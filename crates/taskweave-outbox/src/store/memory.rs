@@ -5,12 +5,16 @@
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, SystemTime};
+
+use tokio::time::Instant;
 
 use crate::bucket::bucket_of;
 use crate::error::{EnqueueError, StoreError};
 use crate::event::{Event, EventId, Limits, OutboxRecord};
 use crate::nudge::Nudge;
-use crate::store::{Batch, ClaimLimits, Store};
+use crate::retry::{FailedAttempt, NextAttempt};
+use crate::store::{Batch, ClaimLimits, OutboxStats, ParkedEvent, Store};
 
 /// An in-memory outbox: events are written through a [`MemoryTransaction`] (committed or
 /// dropped, like a database transaction) and claimed by relays under the same rules as
@@ -52,7 +56,44 @@ struct State {
 
 struct Row {
     record: OutboxRecord,
-    dispatched: bool,
+    created: (Instant, SystemTime),
+    dispatched: Option<Instant>,
+    /// When the next attempt is due, after a failed one.
+    next_attempt: Option<Instant>,
+    last_error: Option<String>,
+    parked: Option<SystemTime>,
+}
+
+impl Row {
+    /// Whether it holds back its key at `now`: parked, or backing off.
+    fn holds(&self, now: Instant) -> bool {
+        self.parked.is_some() || self.next_attempt.is_some_and(|due| due > now)
+    }
+}
+
+impl State {
+    /// The claimable pending ids of `bucket` at `now`, in id order: a key stops at its
+    /// first held row.
+    fn claimable(&self, bucket: u32, now: Instant) -> impl Iterator<Item = i64> + '_ {
+        let mut held: HashSet<&[u8]> = HashSet::new();
+        self.pending
+            .get(&bucket)
+            .into_iter()
+            .flatten()
+            .filter(move |id| {
+                let row = &self.rows[*id];
+                let key = row.record.key.as_slice();
+                if held.contains(key) {
+                    return false;
+                }
+                if row.holds(now) {
+                    held.insert(key);
+                    return false;
+                }
+                true
+            })
+            .copied()
+    }
 }
 
 impl MemoryStore {
@@ -120,13 +161,13 @@ impl MemoryStore {
         self.lock().pending.values().map(BTreeSet::len).sum()
     }
 
-    /// Events dispatched so far.
+    /// Events dispatched so far (and not yet deleted by retention).
     #[must_use]
     pub fn dispatched(&self) -> usize {
         self.lock()
             .rows
             .values()
-            .filter(|row| row.dispatched)
+            .filter(|row| row.dispatched.is_some())
             .count()
     }
 
@@ -134,6 +175,34 @@ impl MemoryStore {
     #[must_use]
     pub fn buckets(&self) -> u32 {
         self.inner.buckets
+    }
+
+    fn stats_now(&self) -> OutboxStats {
+        let now = Instant::now();
+        let state = self.lock();
+        let mut stats = OutboxStats::default();
+        let mut oldest: Option<Instant> = None;
+        for ids in state.pending.values() {
+            let mut parked_keys: HashSet<&[u8]> = HashSet::new();
+            for id in ids {
+                let row = &state.rows[id];
+                let key = row.record.key.as_slice();
+                if row.parked.is_some() {
+                    stats.parked += 1;
+                    parked_keys.insert(key);
+                } else if parked_keys.contains(key) {
+                    stats.behind_parked += 1;
+                } else {
+                    stats.pending += 1;
+                    if row.next_attempt.is_some_and(|due| due > now) {
+                        stats.backing_off += 1;
+                    }
+                    oldest = Some(oldest.map_or(row.created.0, |o| o.min(row.created.0)));
+                }
+            }
+        }
+        stats.oldest_pending_age = oldest.map(|created| now.saturating_duration_since(created));
+        stats
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -152,6 +221,13 @@ impl fmt::Debug for MemoryStore {
             .field("pending", &self.pending())
             .finish_non_exhaustive()
     }
+}
+
+/// Makes a parked row claimable again, its attempts counted from zero.
+fn unpark(row: &mut Row) {
+    row.parked = None;
+    row.next_attempt = None;
+    row.record.attempts = 0;
 }
 
 /// A write transaction on a [`MemoryStore`]; dropping it without
@@ -184,6 +260,7 @@ impl MemoryTransaction {
     pub fn commit(self) {
         let store = self.store;
         let buckets = store.inner.buckets;
+        let created = (Instant::now(), SystemTime::now());
         {
             let mut state = store.lock();
             for (event_id, event) in self.events {
@@ -199,13 +276,18 @@ impl MemoryTransaction {
                     key: event.key,
                     payload: event.payload,
                     headers: event.headers,
+                    attempts: 0,
                 };
                 state.pending.entry(bucket).or_default().insert(id);
                 state.rows.insert(
                     id,
                     Row {
                         record,
-                        dispatched: false,
+                        created,
+                        dispatched: None,
+                        next_attempt: None,
+                        last_error: None,
+                        parked: None,
                     },
                 );
             }
@@ -226,26 +308,28 @@ impl Store for MemoryStore {
     type Batch = MemoryBatch;
 
     async fn claim(&self, limits: ClaimLimits) -> Result<MemoryBatch, StoreError> {
+        let now = Instant::now();
         let mut state = self.lock();
         let state = &mut *state;
-        // Free buckets with pending events, oldest first event first (PgStore's order).
+        // Free buckets with claimable events, oldest first claimable event first (PgStore's
+        // order).
         let mut candidates: Vec<(i64, u32)> = state
             .pending
-            .iter()
-            .filter(|(bucket, ids)| !ids.is_empty() && !state.claimed.contains(bucket))
-            .filter_map(|(&bucket, ids)| ids.first().map(|&first| (first, bucket)))
+            .keys()
+            .filter(|bucket| !state.claimed.contains(bucket))
+            .filter_map(|&bucket| {
+                state
+                    .claimable(bucket, now)
+                    .next()
+                    .map(|first| (first, bucket))
+            })
             .collect();
         candidates.sort_unstable();
         candidates.truncate(limits.buckets as usize);
         let buckets: Vec<u32> = candidates.into_iter().map(|(_, bucket)| bucket).collect();
         let mut ids: Vec<i64> = buckets
             .iter()
-            .flat_map(|bucket| {
-                state.pending[bucket]
-                    .iter()
-                    .take(limits.events as usize)
-                    .copied()
-            })
+            .flat_map(|&bucket| state.claimable(bucket, now).take(limits.events as usize))
             .collect();
         ids.sort_unstable();
         ids.truncate(limits.events as usize);
@@ -259,7 +343,114 @@ impl Store for MemoryStore {
     }
 
     async fn has_pending(&self) -> Result<bool, StoreError> {
-        Ok(self.pending() > 0)
+        Ok(self.stats_now().pending > 0)
+    }
+
+    async fn stats(&self) -> Result<OutboxStats, StoreError> {
+        Ok(self.stats_now())
+    }
+
+    async fn parked(&self, limit: u32) -> Result<Vec<ParkedEvent>, StoreError> {
+        let state = self.lock();
+        let mut parked: Vec<ParkedEvent> = state
+            .pending
+            .values()
+            .flatten()
+            .filter_map(|id| {
+                let row = &state.rows[id];
+                row.parked.map(|parked_at| ParkedEvent {
+                    id: *id,
+                    event_id: row.record.event_id,
+                    topic: row.record.topic.clone(),
+                    key: row.record.key.clone(),
+                    attempts: row.record.attempts,
+                    last_error: row.last_error.clone(),
+                    created_at: row.created.1,
+                    parked_at,
+                })
+            })
+            .collect();
+        parked.sort_unstable_by_key(|event| event.id);
+        parked.truncate(limit as usize);
+        Ok(parked)
+    }
+
+    async fn retry_parked(&self, id: i64) -> Result<bool, StoreError> {
+        let retried = {
+            let mut state = self.lock();
+            state.rows.get_mut(&id).is_some_and(|row| {
+                let parked = row.parked.is_some() && row.dispatched.is_none();
+                if parked {
+                    unpark(row);
+                }
+                parked
+            })
+        };
+        if retried {
+            self.inner.nudge.notify();
+        }
+        Ok(retried)
+    }
+
+    async fn retry_parked_key(&self, key: &[u8]) -> Result<u64, StoreError> {
+        let bucket = bucket_of(key, self.inner.buckets);
+        let retried = {
+            let mut state = self.lock();
+            let state = &mut *state;
+            let mut retried = 0;
+            for id in state.pending.get(&bucket).into_iter().flatten() {
+                if let Some(row) = state.rows.get_mut(id)
+                    && row.record.key == key
+                    && row.parked.is_some()
+                {
+                    unpark(row);
+                    retried += 1;
+                }
+            }
+            retried
+        };
+        if retried > 0 {
+            self.inner.nudge.notify();
+        }
+        Ok(retried)
+    }
+
+    async fn purge_parked(&self, id: i64) -> Result<bool, StoreError> {
+        let purged = {
+            let mut state = self.lock();
+            let parked = state
+                .rows
+                .get(&id)
+                .is_some_and(|row| row.parked.is_some() && row.dispatched.is_none());
+            if parked
+                && let Some(row) = state.rows.remove(&id)
+                && let Some(pending) = state.pending.get_mut(&row.record.bucket)
+            {
+                pending.remove(&id);
+            }
+            parked
+        };
+        if purged {
+            self.inner.nudge.notify();
+        }
+        Ok(purged)
+    }
+
+    async fn delete_dispatched(&self, older_than: Duration, limit: u32) -> Result<u64, StoreError> {
+        let now = Instant::now();
+        let mut state = self.lock();
+        let mut old: Vec<(Instant, i64)> = state
+            .rows
+            .iter()
+            .filter_map(|(id, row)| row.dispatched.map(|at| (at, *id)))
+            .filter(|(at, _)| now.saturating_duration_since(*at) > older_than)
+            .collect();
+        old.sort_unstable();
+        old.truncate(limit as usize);
+        for (_, id) in &old {
+            state.rows.remove(id);
+        }
+        Ok(old.len() as u64)
     }
 
     fn nudge(&self) -> &Nudge {
@@ -279,14 +470,38 @@ impl Batch for MemoryBatch {
         &self.records
     }
 
-    async fn commit(mut self, dispatched: Vec<i64>) -> Result<(), StoreError> {
+    async fn complete(
+        mut self,
+        dispatched: Vec<i64>,
+        failed: Vec<FailedAttempt>,
+    ) -> Result<(), StoreError> {
+        let now = Instant::now();
         let mut state = self.store.lock();
         for id in dispatched {
-            if let Some(row) = state.rows.get_mut(&id) {
-                row.dispatched = true;
+            if let Some(row) = state.rows.get_mut(&id)
+                && row.dispatched.is_none()
+            {
+                row.dispatched = Some(now);
                 let bucket = row.record.bucket;
                 if let Some(pending) = state.pending.get_mut(&bucket) {
                     pending.remove(&id);
+                }
+            }
+        }
+        for failure in failed {
+            if let Some(row) = state.rows.get_mut(&failure.id)
+                && row.dispatched.is_none()
+            {
+                row.record.attempts = row.record.attempts.saturating_add(1);
+                row.last_error = Some(failure.error);
+                match failure.next {
+                    NextAttempt::After(delay) => {
+                        row.next_attempt = Some(far_or(now, delay));
+                    }
+                    NextAttempt::Park => {
+                        row.next_attempt = None;
+                        row.parked = Some(SystemTime::now());
+                    }
                 }
             }
         }
@@ -315,4 +530,10 @@ impl fmt::Debug for MemoryBatch {
             .field("records", &self.records.len())
             .finish()
     }
+}
+
+/// `now + delay`, or, past the clock's range, a time far enough to mean never.
+fn far_or(now: Instant, delay: Duration) -> Instant {
+    now.checked_add(delay)
+        .unwrap_or_else(|| now + Duration::from_secs(100 * 365 * 86_400))
 }

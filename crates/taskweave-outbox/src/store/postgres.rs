@@ -4,6 +4,10 @@
 use std::collections::HashSet;
 use std::fmt;
 use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use futures::future::BoxFuture;
+use tokio_util::sync::CancellationToken;
 
 use sqlx::pool::PoolConnection;
 use sqlx::postgres::{PgConnection, PgPool, PgRow};
@@ -15,10 +19,16 @@ use crate::error::{EnqueueError, StoreError};
 use crate::event::{Event, EventId, Limits, OutboxRecord};
 use crate::headers;
 use crate::nudge::Nudge;
-use crate::store::{Batch, ClaimLimits, Store};
+use crate::retry::{FailedAttempt, NextAttempt};
+use crate::store::{Batch, ClaimLimits, OutboxStats, ParkedEvent, Store};
 
 /// The schema version this crate creates and reads.
-const LATEST_VERSION: i32 = 1;
+const LATEST_VERSION: i32 = 2;
+
+/// Whether a row holds back its key: parked, or backing off. `h` is the row's alias; the
+/// first two conditions repeat the held partial index's predicate so the planner uses it.
+const HOLDS: &str = "h.dispatched_at IS NULL AND (h.next_attempt_at IS NOT NULL OR h.parked_at IS NOT NULL) \
+                     AND (h.parked_at IS NOT NULL OR h.next_attempt_at > now())";
 
 /// Where the outbox tables live: a PostgreSQL schema and a table-name prefix.
 ///
@@ -195,6 +205,11 @@ pub async fn migrate(pool: &PgPool, schema: &Schema, buckets: u32) -> Result<i32
             .execute(conn.get())
             .await?;
     }
+    if version < 2 {
+        sqlx::raw_sql(AssertSqlSafe(version_2(schema)))
+            .execute(conn.get())
+            .await?;
+    }
     sqlx::query(AssertSqlSafe(format!(
         "INSERT INTO {meta} (version, buckets) VALUES ($1, $2)
          ON CONFLICT (singleton) DO UPDATE SET version = EXCLUDED.version"
@@ -234,6 +249,31 @@ fn version_1(schema: &Schema, buckets: u32) -> String {
          CREATE TABLE {bucket_table} (bucket integer PRIMARY KEY);
          INSERT INTO {bucket_table} (bucket) SELECT generate_series(0, {last});",
         last = buckets - 1
+    )
+}
+
+/// Version 2: failed attempts on the row (count, next attempt, last error, parked), a
+/// partial index on the rows that hold back their key, and one on the dispatch time for
+/// retention.
+///
+/// Adding columns with constant defaults rewrites nothing (PostgreSQL 11+). The indexes
+/// are built inside the migration's transaction, so on a large existing table the
+/// migration holds a write lock while it builds them: migrate during a quiet moment, or
+/// create them first with `CREATE INDEX CONCURRENTLY` under the same names.
+fn version_2(schema: &Schema) -> String {
+    let events = schema.events_table();
+    let held = schema.index("events_held");
+    let dispatched = schema.index("events_dispatched");
+    format!(
+        "ALTER TABLE {events}
+             ADD COLUMN IF NOT EXISTS attempts integer NOT NULL DEFAULT 0,
+             ADD COLUMN IF NOT EXISTS next_attempt_at timestamptz,
+             ADD COLUMN IF NOT EXISTS last_error text,
+             ADD COLUMN IF NOT EXISTS parked_at timestamptz;
+         CREATE INDEX IF NOT EXISTS {held} ON {events} (bucket, key, id)
+             WHERE dispatched_at IS NULL AND (next_attempt_at IS NOT NULL OR parked_at IS NOT NULL);
+         CREATE INDEX IF NOT EXISTS {dispatched} ON {events} (dispatched_at)
+             WHERE dispatched_at IS NOT NULL;"
     )
 }
 
@@ -286,6 +326,8 @@ struct Inner {
     buckets: u32,
     limits: Limits,
     key_lock: bool,
+    /// The `NOTIFY` channel, when cross-process wake-ups are on.
+    notify: Option<String>,
     nudge: Nudge,
     sql: Statements,
 }
@@ -296,8 +338,15 @@ struct Statements {
     claim_buckets: Arc<str>,
     claim_events: Arc<str>,
     mark: Arc<str>,
+    record_failures: Arc<str>,
     pending: Arc<str>,
     has_pending: Arc<str>,
+    stats: Arc<str>,
+    parked: Arc<str>,
+    retry_parked: Arc<str>,
+    retry_parked_key: Arc<str>,
+    purge_parked: Arc<str>,
+    delete_dispatched: Arc<str>,
 }
 
 /// Our statements are built only from validated identifiers ([`Schema`]) and integers.
@@ -356,26 +405,34 @@ impl PgStore {
             // release the lock before inserting). `locked` is an aggregate over the locks,
             // so no row reaches the insert, and no id is drawn, before every lock is held;
             // the lock calls are volatile, so the planner keeps them.
+            // `notified` sends the cross-process wake-up (delivered at commit) when `$9`
+            // names a channel; an aggregate, so it is one row either way.
             insert: format!(
                 "WITH locked AS MATERIALIZED (
                      SELECT count(*) AS locks FROM (SELECT pg_advisory_xact_lock(l) FROM unnest($8::int8[]) AS l) s
+                 ),
+                 notified AS MATERIALIZED (
+                     SELECT count(*) AS sent FROM (SELECT pg_notify($9::text, '') WHERE $9::text IS NOT NULL) n
                  )
                  INSERT INTO {events} (event_id, bucket, topic, key, payload, headers, seq)
                  SELECT e, b, t, k, p, h, s
-                 FROM locked,
+                 FROM locked, notified,
                       unnest($1::uuid[], $2::int4[], $3::text[], $4::bytea[], $5::bytea[], $6::bytea[], $7::int8[])
                       WITH ORDINALITY AS x(e, b, t, k, p, h, s, n)
                  ORDER BY x.n"
             )
             .into(),
-            // The buckets whose oldest pending event is oldest, skipping those another
-            // batch holds. `first` reads one entry of the pending partial index per bucket.
+            // The buckets whose oldest claimable event is oldest, skipping those another
+            // batch holds. `first` reads the pending partial index of each bucket up to its
+            // first claimable entry: one entry, unless held keys come first (see `HOLDS`).
             claim_buckets: format!(
                 "SELECT b.bucket
                  FROM {bucket_table} b
                  CROSS JOIN LATERAL (
                      SELECT o.id FROM {events} o
                      WHERE o.bucket = b.bucket AND o.dispatched_at IS NULL
+                       AND NOT EXISTS (SELECT 1 FROM {events} h
+                                       WHERE h.bucket = o.bucket AND h.key = o.key AND h.id <= o.id AND {HOLDS})
                      ORDER BY o.id LIMIT 1
                  ) first
                  ORDER BY first.id
@@ -390,15 +447,19 @@ impl PgStore {
             // the lock, and a bucket freed in between would be read as still pending
             // (events published twice). The per-bucket LATERAL keeps the plan on the
             // pending partial index (see the plan test); the flat `bucket = ANY(..) ORDER
-            // BY id LIMIT n` walks the primary key over every dispatched row.
+            // BY id LIMIT n` walks the primary key over every dispatched row. A key held
+            // back (parked, or backing off) is skipped from its held row on, through the
+            // small held partial index; its bucket-mates stay claimable.
             claim_events: format!(
-                "SELECT r.id, r.event_id, r.bucket, r.topic, r.key, r.payload, r.headers, r.seq
+                "SELECT r.id, r.event_id, r.bucket, r.topic, r.key, r.payload, r.headers, r.seq, r.attempts
                  FROM unnest($1::int4[]) AS c(bucket)
                  CROSS JOIN LATERAL (
                      SELECT o.id, o.event_id, o.bucket, o.topic, o.key, o.payload, o.headers,
-                            coalesce(o.seq, o.id) AS seq
+                            coalesce(o.seq, o.id) AS seq, o.attempts
                      FROM {events} o
                      WHERE o.bucket = c.bucket AND o.dispatched_at IS NULL
+                       AND NOT EXISTS (SELECT 1 FROM {events} h
+                                       WHERE h.bucket = o.bucket AND h.key = o.key AND h.id <= o.id AND {HOLDS})
                      ORDER BY o.id LIMIT $2
                  ) r
                  ORDER BY r.id
@@ -409,9 +470,88 @@ impl PgStore {
                 "UPDATE {events} SET dispatched_at = now() WHERE id = ANY($1::int8[]) AND dispatched_at IS NULL"
             )
             .into(),
+            // One attempt more for each failed row; backing off (`$4` milliseconds) or
+            // parked (`$3`). `clock_timestamp`: the delay counts from the commit, not from
+            // the claim.
+            record_failures: format!(
+                "UPDATE {events} o
+                 SET attempts = o.attempts + 1,
+                     last_error = f.error,
+                     next_attempt_at = CASE WHEN f.park THEN NULL
+                                            ELSE clock_timestamp() + f.delay_ms * interval '1 millisecond' END,
+                     parked_at = CASE WHEN f.park THEN clock_timestamp() END
+                 FROM unnest($1::int8[], $2::text[], $3::bool[], $4::int8[]) AS f(id, error, park, delay_ms)
+                 WHERE o.id = f.id AND o.dispatched_at IS NULL"
+            )
+            .into(),
             pending: format!("SELECT count(*) FROM {events} WHERE dispatched_at IS NULL").into(),
+            // Pending, not parked and not behind a parked row of its key.
             has_pending: format!(
-                "SELECT EXISTS (SELECT 1 FROM {events} WHERE dispatched_at IS NULL)"
+                "SELECT EXISTS (
+                     SELECT 1 FROM {events} o
+                     WHERE o.dispatched_at IS NULL AND o.parked_at IS NULL
+                       AND NOT EXISTS (SELECT 1 FROM {events} h
+                                       WHERE h.bucket = o.bucket AND h.key = o.key AND h.id < o.id
+                                         AND h.dispatched_at IS NULL
+                                         AND (h.next_attempt_at IS NOT NULL OR h.parked_at IS NOT NULL)
+                                         AND h.parked_at IS NOT NULL)
+                 )"
+            )
+            .into(),
+            // Over the pending rows only (the pending partial index), whatever is kept.
+            stats: format!(
+                "SELECT count(*) FILTER (WHERE o.parked_at IS NULL AND NOT p.behind) AS pending,
+                        count(*) FILTER (WHERE o.parked_at IS NULL AND NOT p.behind AND o.next_attempt_at > now()) AS backing_off,
+                        count(*) FILTER (WHERE o.parked_at IS NOT NULL) AS parked,
+                        count(*) FILTER (WHERE o.parked_at IS NULL AND p.behind) AS behind_parked,
+                        extract(epoch FROM clock_timestamp() - min(o.created_at) FILTER (WHERE o.parked_at IS NULL AND NOT p.behind))::float8 AS lag
+                 FROM {events} o
+                 CROSS JOIN LATERAL (
+                     SELECT EXISTS (SELECT 1 FROM {events} h
+                                    WHERE h.bucket = o.bucket AND h.key = o.key AND h.id < o.id
+                                      AND h.dispatched_at IS NULL
+                                      AND (h.next_attempt_at IS NOT NULL OR h.parked_at IS NOT NULL)
+                                      AND h.parked_at IS NOT NULL) AS behind
+                 ) p
+                 WHERE o.dispatched_at IS NULL"
+            )
+            .into(),
+            parked: format!(
+                "SELECT id, event_id, topic, key, attempts, last_error,
+                        extract(epoch FROM created_at)::float8 AS created,
+                        extract(epoch FROM parked_at)::float8 AS parked
+                 FROM {events} h
+                 WHERE h.dispatched_at IS NULL AND (h.next_attempt_at IS NOT NULL OR h.parked_at IS NOT NULL)
+                   AND h.parked_at IS NOT NULL
+                 ORDER BY id LIMIT $1"
+            )
+            .into(),
+            retry_parked: format!(
+                "UPDATE {events} h SET parked_at = NULL, next_attempt_at = NULL, attempts = 0
+                 WHERE h.id = $1 AND h.dispatched_at IS NULL
+                   AND (h.next_attempt_at IS NOT NULL OR h.parked_at IS NOT NULL) AND h.parked_at IS NOT NULL"
+            )
+            .into(),
+            retry_parked_key: format!(
+                "UPDATE {events} h SET parked_at = NULL, next_attempt_at = NULL, attempts = 0
+                 WHERE h.bucket = $1 AND h.key = $2 AND h.dispatched_at IS NULL
+                   AND (h.next_attempt_at IS NOT NULL OR h.parked_at IS NOT NULL) AND h.parked_at IS NOT NULL"
+            )
+            .into(),
+            purge_parked: format!(
+                "DELETE FROM {events} h
+                 WHERE h.id = $1 AND h.dispatched_at IS NULL
+                   AND (h.next_attempt_at IS NOT NULL OR h.parked_at IS NOT NULL) AND h.parked_at IS NOT NULL"
+            )
+            .into(),
+            // Bounded, oldest dispatch first, on the dispatched partial index.
+            delete_dispatched: format!(
+                "DELETE FROM {events} WHERE id IN (
+                     SELECT id FROM {events}
+                     WHERE dispatched_at IS NOT NULL
+                       AND dispatched_at < clock_timestamp() - $1 * interval '1 millisecond'
+                     ORDER BY dispatched_at LIMIT $2
+                 )"
             )
             .into(),
         };
@@ -422,6 +562,7 @@ impl PgStore {
                 buckets,
                 limits: Limits::default(),
                 key_lock: true,
+                notify: None,
                 nudge: Nudge::new(),
                 sql,
             }),
@@ -448,6 +589,33 @@ impl PgStore {
     #[must_use]
     pub fn with_key_lock(mut self, lock: bool) -> Self {
         self.settings().key_lock = lock;
+        self
+    }
+
+    /// Cross-process wake-ups with `LISTEN`/`NOTIFY` (default off).
+    ///
+    /// On: every `enqueue` also sends a `NOTIFY` (delivered when its transaction commits),
+    /// and every relay on this store keeps one extra connection that `LISTEN`s and wakes
+    /// it, so a relay in another process starts publishing within a round trip instead of
+    /// at its next poll. The poll stays the fallback: a notification lost while the
+    /// listener reconnects costs at most one poll interval.
+    ///
+    /// The cost, and why it is off by default: PostgreSQL serialises the commits of every
+    /// transaction that sent a `NOTIFY` on one global queue lock, so many concurrent
+    /// writers commit more slowly (`docs/benchmarks.md` measures it). Writers in the
+    /// relay's own process need none of this: [`commit`](Self::commit) nudges them.
+    ///
+    /// # Panics
+    ///
+    /// Panics if the store has been cloned already (the settings are shared).
+    #[must_use]
+    pub fn with_notify(mut self, on: bool) -> Self {
+        let channel = on.then(|| {
+            // A fixed-length identifier (a channel name is at most 63 bytes).
+            let table = self.inner.schema.events_table();
+            format!("taskweave_outbox_{:016x}", key_lock_id(&table, b"notify"))
+        });
+        self.settings().notify = channel;
         self
     }
 
@@ -563,6 +731,7 @@ impl PgStore {
             .bind(&header_bytes)
             .bind(&sequences)
             .bind(&locks)
+            .bind(self.inner.notify.as_deref())
             .execute(&mut *conn)
             .await
             .map_err(StoreError::from)?;
@@ -697,8 +866,153 @@ impl Store for PgStore {
             .await?)
     }
 
+    async fn stats(&self) -> Result<OutboxStats, StoreError> {
+        let row = sqlx::query(sql(&self.inner.sql.stats))
+            .fetch_one(&self.inner.pool)
+            .await?;
+        let count = |name: &str| -> Result<u64, StoreError> {
+            let n: i64 = row.try_get(name)?;
+            Ok(u64::try_from(n).unwrap_or(0))
+        };
+        let lag: Option<f64> = row.try_get("lag")?;
+        Ok(OutboxStats {
+            pending: count("pending")?,
+            backing_off: count("backing_off")?,
+            parked: count("parked")?,
+            behind_parked: count("behind_parked")?,
+            oldest_pending_age: lag
+                .map(|secs| Duration::try_from_secs_f64(secs.max(0.0)).unwrap_or(Duration::MAX)),
+        })
+    }
+
+    async fn parked(&self, limit: u32) -> Result<Vec<ParkedEvent>, StoreError> {
+        let rows = sqlx::query(sql(&self.inner.sql.parked))
+            .bind(i64::from(limit))
+            .fetch_all(&self.inner.pool)
+            .await?;
+        rows.iter()
+            .map(|row| {
+                let attempts: i32 = row.try_get("attempts")?;
+                Ok(ParkedEvent {
+                    id: row.try_get("id")?,
+                    event_id: EventId::from_uuid(row.try_get("event_id")?),
+                    topic: row.try_get("topic")?,
+                    key: row.try_get("key")?,
+                    attempts: u32::try_from(attempts).unwrap_or(0),
+                    last_error: row.try_get("last_error")?,
+                    created_at: system_time(row.try_get("created")?),
+                    parked_at: system_time(row.try_get("parked")?),
+                })
+            })
+            .collect()
+    }
+
+    async fn retry_parked(&self, id: i64) -> Result<bool, StoreError> {
+        let done = sqlx::query(sql(&self.inner.sql.retry_parked))
+            .bind(id)
+            .execute(&self.inner.pool)
+            .await?;
+        self.inner.nudge.notify();
+        Ok(done.rows_affected() > 0)
+    }
+
+    async fn retry_parked_key(&self, key: &[u8]) -> Result<u64, StoreError> {
+        let bucket = i32::try_from(bucket_of(key, self.inner.buckets))
+            .map_err(|_| StoreError::Corrupt(format!("bucket count {}", self.inner.buckets)))?;
+        let done = sqlx::query(sql(&self.inner.sql.retry_parked_key))
+            .bind(bucket)
+            .bind(key)
+            .execute(&self.inner.pool)
+            .await?;
+        self.inner.nudge.notify();
+        Ok(done.rows_affected())
+    }
+
+    async fn purge_parked(&self, id: i64) -> Result<bool, StoreError> {
+        let done = sqlx::query(sql(&self.inner.sql.purge_parked))
+            .bind(id)
+            .execute(&self.inner.pool)
+            .await?;
+        self.inner.nudge.notify();
+        Ok(done.rows_affected() > 0)
+    }
+
+    async fn delete_dispatched(&self, older_than: Duration, limit: u32) -> Result<u64, StoreError> {
+        let millis = millis_in_range(older_than);
+        let done = sqlx::query(sql(&self.inner.sql.delete_dispatched))
+            .bind(millis)
+            .bind(i64::from(limit))
+            .execute(&self.inner.pool)
+            .await?;
+        Ok(done.rows_affected())
+    }
+
     fn nudge(&self) -> &Nudge {
         &self.inner.nudge
+    }
+
+    fn wake_ups(&self, token: CancellationToken) -> Option<BoxFuture<'static, ()>> {
+        let channel = self.inner.notify.clone()?;
+        let pool = self.inner.pool.clone();
+        let nudge = self.inner.nudge.clone();
+        Some(Box::pin(listen(pool, channel, nudge, token)))
+    }
+}
+
+/// `duration` in milliseconds, at most a hundred years (PostgreSQL's intervals and
+/// timestamps overflow far below `i64::MAX` milliseconds).
+fn millis_in_range(duration: Duration) -> i64 {
+    const CENTURY_MS: u128 = 100 * 365 * 86_400 * 1_000;
+    i64::try_from(duration.as_millis().min(CENTURY_MS))
+        .expect("a century in milliseconds fits an i64")
+}
+
+/// Seconds since the epoch, as the database gave them.
+fn system_time(secs: f64) -> SystemTime {
+    Duration::try_from_secs_f64(secs.max(0.0))
+        .ok()
+        .and_then(|since| SystemTime::UNIX_EPOCH.checked_add(since))
+        .unwrap_or(SystemTime::UNIX_EPOCH)
+}
+
+/// How long the listener waits before connecting again after a failure.
+const LISTEN_RETRY: Duration = Duration::from_secs(1);
+
+/// `LISTEN`s on `channel` and nudges on every notification until `token` is cancelled.
+/// Every (re)connection nudges too, since notifications sent while it was away are lost.
+async fn listen(pool: PgPool, channel: String, nudge: Nudge, token: CancellationToken) {
+    loop {
+        let connected = token
+            .run_until_cancelled(async {
+                let mut listener = sqlx::postgres::PgListener::connect_with(&pool).await?;
+                listener.listen(&channel).await?;
+                nudge.notify();
+                loop {
+                    // `None`: the connection was lost and sqlx re-established it; what was
+                    // sent in between is lost, so wake the relay to look.
+                    if listener.try_recv().await?.is_none() {
+                        tracing::debug!(%channel, "outbox listener reconnected");
+                    }
+                    nudge.notify();
+                }
+                #[allow(unreachable_code, reason = "the loop ends only with an error")]
+                Ok::<(), sqlx::Error>(())
+            })
+            .await;
+        match connected {
+            None => return,
+            Some(Err(error)) => {
+                tracing::warn!(%channel, %error, "outbox listener failed; relays poll until it is back");
+                if token
+                    .run_until_cancelled(tokio::time::sleep(LISTEN_RETRY))
+                    .await
+                    .is_none()
+                {
+                    return;
+                }
+            }
+            Some(Ok(())) => {}
+        }
     }
 }
 
@@ -716,6 +1030,7 @@ fn record_of(row: &PgRow) -> Result<OutboxRecord, StoreError> {
         payload: row.try_get("payload")?,
         headers: headers::decode(&header_bytes)?,
         sequence: row.try_get("seq")?,
+        attempts: u32::try_from(row.try_get::<i32, _>("attempts")?).unwrap_or(0),
     })
 }
 
@@ -733,18 +1048,54 @@ impl Batch for PgBatch {
         &self.records
     }
 
-    async fn commit(mut self, dispatched: Vec<i64>) -> Result<(), StoreError> {
+    async fn complete(
+        mut self,
+        dispatched: Vec<i64>,
+        failed: Vec<FailedAttempt>,
+    ) -> Result<(), StoreError> {
         if !self.conn.in_transaction() {
             return Ok(());
         }
-        if dispatched.is_empty() {
+        if dispatched.is_empty() && failed.is_empty() {
             self.conn.rollback().await?;
             return Ok(());
         }
-        sqlx::query(sql(&self.store.sql.mark))
-            .bind(&dispatched)
-            .execute(self.conn.get())
-            .await?;
+        if !dispatched.is_empty() {
+            sqlx::query(sql(&self.store.sql.mark))
+                .bind(&dispatched)
+                .execute(self.conn.get())
+                .await?;
+        }
+        if !failed.is_empty() {
+            let n = failed.len();
+            let (mut ids, mut errors, mut park, mut delays) = (
+                Vec::with_capacity(n),
+                Vec::with_capacity(n),
+                Vec::with_capacity(n),
+                Vec::with_capacity(n),
+            );
+            for failure in failed {
+                ids.push(failure.id);
+                errors.push(failure.error);
+                match failure.next {
+                    NextAttempt::After(delay) => {
+                        park.push(false);
+                        delays.push(millis_in_range(delay));
+                    }
+                    NextAttempt::Park => {
+                        park.push(true);
+                        delays.push(0);
+                    }
+                }
+            }
+            sqlx::query(sql(&self.store.sql.record_failures))
+                .bind(&ids)
+                .bind(&errors)
+                .bind(&park)
+                .bind(&delays)
+                .execute(self.conn.get())
+                .await?;
+        }
         self.conn.commit().await?;
         Ok(())
     }

@@ -5,7 +5,7 @@ use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use rdkafka::mocking::MockCluster;
-use taskweave_outbox::{Event, KafkaPublisher, Relay, StopReason};
+use taskweave_outbox::{Event, KafkaPublisher, Relay, RetryPolicy, StopReason, Store};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -128,7 +128,7 @@ async fn a_broker_down_longer_than_the_budget_rolls_back_and_the_relay_keeps_goi
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_message_the_broker_refuses_is_permanent_and_holds_only_its_key() {
+async fn a_message_the_broker_refuses_is_parked_at_once_and_holds_only_its_key() {
     let (_cluster, publisher) = mock_cluster(1, "message.max.bytes", "2000");
     let store = fresh_store(1, 6).await;
     commit_each(
@@ -145,7 +145,7 @@ async fn a_message_the_broker_refuses_is_permanent_and_holds_only_its_key() {
     let metrics = relay.metrics();
     let running = tokio::spawn(relay.run(token.clone()));
     let start = std::time::Instant::now();
-    while metrics.snapshot().dispatched < 1 || metrics.snapshot().permanent_failures < 2 {
+    while metrics.snapshot().dispatched < 1 || metrics.snapshot().parked < 1 {
         assert!(
             start.elapsed() < Duration::from_secs(30),
             "{:?}",
@@ -153,19 +153,113 @@ async fn a_message_the_broker_refuses_is_permanent_and_holds_only_its_key() {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    // Polls go on; the parked key is never tried again.
+    tokio::time::sleep(Duration::from_millis(300)).await;
     token.cancel();
     let report = running.await.unwrap();
     let m = metrics.snapshot();
-    assert!(
-        m.held_back >= 2,
-        "the key's later event waits every time: {m:?}"
+    assert_eq!(
+        (m.permanent_failures, m.parked, m.retriable_failures),
+        (1, 1, 0),
+        "a permanent error parks at its first attempt: {m:?}"
     );
-    assert_eq!(m.retriable_failures, 0, "{m:?}");
     assert_eq!(
         report.dispatched, 1,
         "only the other key went out: {report}"
     );
-    assert_eq!(store.pending().await.unwrap(), 2);
+    let parked = store.parked(10).await.unwrap();
+    assert_eq!(parked.len(), 1);
+    assert_eq!(
+        (parked[0].key.as_slice(), parked[0].attempts),
+        (&b"big"[..], 1)
+    );
+    let error = parked[0].last_error.as_deref().unwrap();
+    assert!(
+        error.contains("permanent") && error.contains("too large"),
+        "{error}"
+    );
+    let left = report.left.expect("the report counts what was left");
+    assert_eq!(
+        (left.pending, left.parked, left.behind_parked),
+        (0, 1, 1),
+        "{report}"
+    );
+}
+
+/// The mock cluster fails one key's publishes for good and another's for a while, in one
+/// bucket with 48 healthy keys: the healthy keys all go out while one backs off and the
+/// other is parked; then the backing-off key heals and follows in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_the_mock_cluster_a_permanent_and_a_retriable_key_wait_alone_among_fifty() {
+    let cluster = MockCluster::new(1).expect("mock cluster");
+    cluster.create_topic("orders", 1, 1).expect("topic");
+    // The retriable key publishes to a partition without a leader until it heals.
+    cluster.create_topic("leaderless", 1, 1).expect("topic");
+    cluster
+        .partition_leader("leaderless", 0, None)
+        .expect("no leader");
+    let mut config = KafkaPublisher::config(&cluster.bootstrap_servers());
+    config
+        .set("message.max.bytes", "2000")
+        .set("message.timeout.ms", "300");
+    let publisher = KafkaPublisher::from_config(&config).expect("producer");
+    let store = fresh_store(1, 6).await;
+    let mut events = Vec::new();
+    for round in 0..2 {
+        events.push(Event::new("orders", "too-big", vec![round; 5000]));
+        events.push(Event::new("leaderless", "waits", vec![round]));
+        for key in 0..48 {
+            events.push(Event::new("orders", format!("key-{key}"), vec![round]));
+        }
+    }
+    commit_each(&store, events).await;
+    let token = CancellationToken::new();
+    let relay = Relay::new(store.clone(), publisher)
+        .with_batch_budget(Duration::from_secs(2))
+        .with_poll_interval(Duration::from_millis(50))
+        .with_retry(
+            RetryPolicy::new()
+                .with_max_attempts(1_000)
+                .with_initial_delay(Duration::from_millis(100))
+                .with_max_delay(Duration::from_millis(400)),
+        );
+    let metrics = relay.metrics();
+    let running = tokio::spawn(relay.run(token.clone()));
+    let start = std::time::Instant::now();
+    while metrics.snapshot().dispatched < 96 || metrics.snapshot().retriable_failures < 3 {
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "{:?}",
+            metrics.snapshot()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let stats = store.stats().await.unwrap();
+    assert_eq!((stats.parked, stats.behind_parked), (1, 1), "{stats:?}");
+    assert_eq!(
+        stats.pending, 2,
+        "the retriable key's two events wait: {stats:?}"
+    );
+    assert_eq!(
+        metrics.snapshot().dispatched,
+        96,
+        "only the 48 healthy keys went out"
+    );
+
+    cluster
+        .partition_leader("leaderless", 0, Some(1))
+        .expect("leader back");
+    while store.stats().await.unwrap().pending > 0 {
+        assert!(
+            start.elapsed() < Duration::from_secs(90),
+            "the healed key never went out"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    token.cancel();
+    let report = running.await.unwrap();
+    assert_eq!(report.dispatched, 98, "{report}");
+    assert!(!store.parked(10).await.unwrap().is_empty());
 }
 
 /// A one-broker mock cluster with the topic `orders` of `partitions` partitions, and a

@@ -50,6 +50,10 @@ both_stores! {
     cancel_mid_batch_finishes_the_batch_and_starts_no_other;
     a_deadline_too_close_starts_no_batch;
     a_rolling_update_loses_nothing_and_keeps_order;
+    a_poison_key_among_fifty_in_one_bucket_waits_alone;
+    a_permanent_error_parks_at_once_and_purge_lets_the_key_flow;
+    drain_waits_for_a_backoff_but_not_for_a_parked_event;
+    retention_deletes_only_dispatched_events_older_than_the_age;
 }
 
 /// Crashes at each point of a batch: nothing lost in any case; duplicates only when the

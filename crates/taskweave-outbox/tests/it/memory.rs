@@ -76,3 +76,39 @@ fn errors_read_well() {
     );
     assert!(std::error::Error::source(&error).is_some());
 }
+
+#[tokio::test(start_paused = true)]
+async fn polls_come_quickly_after_work_and_back_off_to_the_interval_when_idle() {
+    use std::time::Duration;
+    use taskweave_outbox::{MemoryPublisher, Relay};
+    use tokio_util::sync::CancellationToken;
+
+    let store = MemoryStore::new(8);
+    store.enqueue(Event::new("t", "k", b"x".to_vec())).unwrap();
+    let token = CancellationToken::new();
+    let relay = Relay::new(store.clone(), MemoryPublisher::new())
+        .with_poll_interval(Duration::from_millis(800))
+        .with_min_poll_interval(Duration::from_millis(100));
+    let metrics = relay.metrics();
+    let running = tokio::spawn(relay.run(token.clone()));
+    // One batch at 0, then empty polls at 0, 100, 300, 700 and 1500 ms (waits of 100, 200,
+    // 400, then the 800 ms interval); a fixed interval would have polled at 0 and 800 only.
+    tokio::time::sleep(Duration::from_millis(2_000)).await;
+    let m = metrics.snapshot();
+    assert_eq!((m.batches, m.empty_polls), (1, 5), "{m:?}");
+    // Idle from the start (no work yet), a relay polls at the interval.
+    token.cancel();
+    running.await.unwrap();
+    let idle = MemoryStore::new(8);
+    let token = CancellationToken::new();
+    let relay = Relay::new(idle, MemoryPublisher::new())
+        .with_poll_interval(Duration::from_millis(800))
+        .with_min_poll_interval(Duration::from_millis(100));
+    let metrics = relay.metrics();
+    let running = tokio::spawn(relay.run(token.clone()));
+    tokio::time::sleep(Duration::from_millis(2_000)).await;
+    assert_eq!(metrics.snapshot().empty_polls, 3, "at 0, 800 and 1600 ms");
+    token.cancel();
+    let report = running.await.unwrap();
+    assert_eq!(report.left.map(|left| left.pending), Some(0));
+}

@@ -30,9 +30,9 @@ async fn migrate_is_idempotent_concurrent_safe_and_checks_the_bucket_count() {
         tokio::spawn(async move { migrate(&pool, &schema, 32).await })
     });
     for run in runs {
-        assert_eq!(run.await.unwrap().expect("migrate"), 1);
+        assert_eq!(run.await.unwrap().expect("migrate"), 2);
     }
-    assert_eq!(migrate(&pool, &schema, 32).await.expect("again"), 1);
+    assert_eq!(migrate(&pool, &schema, 32).await.expect("again"), 2);
     match migrate(&pool, &schema, 64).await {
         Err(StoreError::BucketCountMismatch {
             stored: 32,

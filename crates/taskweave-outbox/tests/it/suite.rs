@@ -11,7 +11,7 @@ use futures::FutureExt;
 use taskweave_outbox::hooks::Point;
 use taskweave_outbox::{
     Batch, ClaimLimits, Event, MemoryPublisher, MemoryStore, PgStore, PublishError, Relay,
-    StopReason, Store,
+    Retention, RetryPolicy, StopReason, Store,
 };
 use tokio::sync::oneshot;
 use tokio::time::Instant;
@@ -284,13 +284,18 @@ pub(crate) async fn a_callers_sequence_is_sent<H: Harness>(h: H) {
 
 /// Ten keys that share one bucket (of the 64 both harnesses use), the failing one first.
 fn keys_in_one_bucket() -> Vec<String> {
+    keys_in_poisons_bucket(10)
+}
+
+/// `"poison"` and `n - 1` other keys, all in its bucket (of 64).
+fn keys_in_poisons_bucket(n: usize) -> Vec<String> {
     let bucket = taskweave_outbox::bucket_of(b"poison", 64);
     let mut keys = vec!["poison".to_owned()];
     keys.extend(
         (0..)
             .map(|i| format!("key-{i}"))
             .filter(|key| taskweave_outbox::bucket_of(key.as_bytes(), 64) == bucket)
-            .take(9),
+            .take(n - 1),
     );
     keys
 }
@@ -604,5 +609,261 @@ pub(crate) async fn a_rolling_update_loses_nothing_and_keeps_order<H: Harness>(h
     assert_eq!(
         support::assert_per_key_order(&pairs(&all), &delivered(&publisher)),
         0
+    );
+}
+
+/// One poison event among 50 keys that share its bucket: while it backs off, and after it is
+/// parked, the 49 other keys are all delivered; its key's later events wait behind it; an
+/// operator's retry after the fix sends the key's events in order.
+pub(crate) async fn a_poison_key_among_fifty_in_one_bucket_waits_alone<H: Harness>(h: H) {
+    let keys = keys_in_poisons_bucket(50);
+    let round = |n: usize| -> Vec<Event> {
+        keys.iter()
+            .map(|key| event(key, &format!("{key}-{n}")))
+            .collect()
+    };
+    let mut all = Vec::new();
+    for n in 0..3 {
+        all.extend(round(n));
+    }
+    h.commit(all.clone()).await;
+    let publisher = MemoryPublisher::new();
+    publisher.fail_when(|record| {
+        (record.key == b"poison").then(|| PublishError::retriable("leader not available"))
+    });
+    let token = CancellationToken::new();
+    let relay = Relay::new(h.store(), publisher.clone())
+        .with_poll_interval(Duration::from_millis(20))
+        .with_retry(
+            RetryPolicy::new()
+                .with_max_attempts(3)
+                .with_initial_delay(Duration::from_secs(2))
+                .with_max_delay(Duration::from_secs(2)),
+        );
+    let metrics = relay.metrics();
+    let running = tokio::spawn(relay.run(token.clone()));
+    let store = h.store();
+
+    // While it backs off (its second attempt comes at least a second after the first).
+    eventually("the 49 other keys", async || {
+        publisher.published().len() == 49 * 3 && h.pending().await == 3
+    })
+    .await;
+    let stats = store.stats().await.expect("stats");
+    assert_eq!(stats.parked, 0, "not parked yet: {stats:?}");
+    assert_eq!(stats.pending, 3, "the poison key's three events: {stats:?}");
+    assert!(publisher.published().iter().all(|p| p.key != b"poison"));
+
+    // After it is parked, new events of every key: the others flow, its own wait.
+    eventually("parked", async || {
+        store.stats().await.expect("stats").parked == 1
+    })
+    .await;
+    let more = round(3);
+    all.extend(more.clone());
+    h.commit(more).await;
+    eventually("the others' new events", async || {
+        publisher.published().len() == 49 * 4 && h.pending().await == 4
+    })
+    .await;
+    let stats = store.stats().await.expect("stats");
+    assert_eq!(
+        (
+            stats.pending,
+            stats.parked,
+            stats.behind_parked,
+            stats.backing_off
+        ),
+        (0, 1, 3, 0),
+        "{stats:?}"
+    );
+    assert!(
+        stats.oldest_pending_age.is_none(),
+        "a parked key is no lag: {stats:?}"
+    );
+    let m = metrics.snapshot();
+    assert_eq!(
+        (m.retriable_failures, m.backoffs, m.parked),
+        (3, 2, 1),
+        "{m:?}"
+    );
+    let parked = store.parked(10).await.expect("parked");
+    assert_eq!(parked.len(), 1);
+    assert_eq!(parked[0].key, b"poison");
+    assert_eq!(parked[0].attempts, 3);
+    assert!(
+        parked[0]
+            .last_error
+            .as_deref()
+            .is_some_and(|e| e.contains("leader not available")),
+        "{parked:?}"
+    );
+
+    // The operator fixes the cause and retries the key: all four go out, in order.
+    publisher.heal();
+    assert_eq!(store.retry_parked_key(b"poison").await.expect("retry"), 1);
+    eventually("the poison key", async || h.pending().await == 0).await;
+    token.cancel();
+    let report = running.await.expect("relay");
+    assert_eq!(report.dispatched as usize, all.len(), "{report}");
+    let left = report.left.expect("left");
+    assert_eq!((left.pending, left.parked, left.behind_parked), (0, 0, 0));
+    assert_eq!(
+        support::assert_per_key_order(&pairs(&all), &delivered(&publisher)),
+        0
+    );
+}
+
+/// A permanent error parks at the first attempt; purging the parked event lets its key's
+/// later events flow, and it is never published. Retry and purge refuse events that are
+/// not parked.
+pub(crate) async fn a_permanent_error_parks_at_once_and_purge_lets_the_key_flow<H: Harness>(h: H) {
+    h.commit(vec![event("a", "bad"), event("a", "a2"), event("b", "b1")])
+        .await;
+    let publisher = MemoryPublisher::new();
+    publisher.fail_when(|record| {
+        (record.payload == b"bad").then(|| PublishError::permanent("message too large"))
+    });
+    let token = CancellationToken::new();
+    let relay =
+        Relay::new(h.store(), publisher.clone()).with_poll_interval(Duration::from_millis(20));
+    let metrics = relay.metrics();
+    let running = tokio::spawn(relay.run(token.clone()));
+    let store = h.store();
+    eventually("parked", async || {
+        store.stats().await.expect("stats").parked == 1
+    })
+    .await;
+    let parked = store.parked(10).await.expect("parked");
+    assert_eq!(parked.len(), 1);
+    assert_eq!(parked[0].attempts, 1);
+    eventually("b1", async || publisher.published().len() == 1).await;
+    assert_eq!(metrics.snapshot().permanent_failures, 1);
+    assert_eq!(metrics.snapshot().backoffs, 0);
+
+    // Neither touches an event that is not parked, nor an unknown one.
+    assert!(!store.retry_parked(parked[0].id + 1).await.expect("retry"));
+    assert!(!store.purge_parked(parked[0].id + 1).await.expect("purge"));
+    assert!(!store.purge_parked(i64::MAX).await.expect("purge"));
+    assert_eq!(store.retry_parked_key(b"b").await.expect("retry"), 0);
+
+    assert!(store.purge_parked(parked[0].id).await.expect("purge"));
+    assert!(!store.purge_parked(parked[0].id).await.expect("purged once"));
+    eventually("a2", async || h.pending().await == 0).await;
+    token.cancel();
+    running.await.expect("relay");
+    let got: Vec<Vec<u8>> = publisher
+        .published()
+        .into_iter()
+        .map(|p| p.payload)
+        .collect();
+    assert_eq!(got, [b"b1".to_vec(), b"a2".to_vec()]);
+    assert!(store.parked(10).await.expect("parked").is_empty());
+}
+
+/// A retried event starts its attempts from zero, and a drain waits for a retry that is
+/// due before its deadline but not for a parked event.
+pub(crate) async fn drain_waits_for_a_backoff_but_not_for_a_parked_event<H: Harness>(h: H) {
+    h.commit(vec![
+        event("flaky", "1"),
+        event("dead", "2"),
+        event("ok", "3"),
+    ])
+    .await;
+    let publisher = MemoryPublisher::new();
+    let mut flaky_failures = 2;
+    publisher.fail_when(move |record| match record.key.as_slice() {
+        b"flaky" if flaky_failures > 0 => {
+            flaky_failures -= 1;
+            Some(PublishError::retriable("request timed out"))
+        }
+        b"dead" => Some(PublishError::permanent("topic authorization failed")),
+        _ => None,
+    });
+    let relay = Relay::new(h.store(), publisher.clone())
+        .with_poll_interval(Duration::from_millis(20))
+        .with_retry(RetryPolicy::new().with_initial_delay(Duration::from_millis(200)));
+    let metrics = relay.metrics();
+    let report = relay
+        .drain(
+            CancellationToken::new(),
+            Instant::now() + Duration::from_secs(600),
+        )
+        .await;
+    assert_eq!(report.stopped, StopReason::Drained, "{report}");
+    assert_eq!(report.dispatched, 2, "{report}");
+    let m = metrics.snapshot();
+    assert_eq!((m.backoffs, m.parked), (2, 1), "{m:?}");
+    let stats = h.store().stats().await.expect("stats");
+    assert_eq!((stats.pending, stats.parked), (0, 1));
+}
+
+/// Retention deletes dispatched events older than the age, in bounded batches, and never a
+/// pending or parked one, however old.
+pub(crate) async fn retention_deletes_only_dispatched_events_older_than_the_age<H: Harness>(h: H) {
+    let publisher = MemoryPublisher::new();
+    publisher.fail_when(|record| {
+        (record.key == b"parked").then(|| PublishError::permanent("invalid record"))
+    });
+    // Old: five dispatched, one parked.
+    let mut old: Vec<Event> = (0..5).map(|i| event(&format!("old-{i}"), "x")).collect();
+    old.push(event("parked", "p"));
+    h.commit(old).await;
+    drain(&h, &publisher).await;
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    // New: three dispatched now, then one left pending (no relay runs after it).
+    h.commit((0..3).map(|i| event(&format!("new-{i}"), "y")).collect())
+        .await;
+    drain(&h, &publisher).await;
+    h.commit(vec![event("pending", "z")]).await;
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+
+    let store = h.store();
+    assert_eq!(h.pending().await, 2, "the parked one and the pending one");
+    // Older than 1 s: only the five, two a statement.
+    let retention = Retention::new(store.clone(), Duration::from_millis(2_000)).with_batch_size(2);
+    assert_eq!(
+        retention
+            .run_once(&CancellationToken::new())
+            .await
+            .expect("run"),
+        5
+    );
+    assert_eq!(retention.deleted(), 5);
+    assert_eq!(
+        retention
+            .run_once(&CancellationToken::new())
+            .await
+            .expect("run"),
+        0
+    );
+    // A batch limit stops a run early; the next run goes on.
+    let all = Retention::new(store.clone(), Duration::ZERO)
+        .with_batch_size(1)
+        .with_max_batches_per_run(2);
+    assert_eq!(
+        all.run_once(&CancellationToken::new()).await.expect("run"),
+        2
+    );
+    assert_eq!(
+        all.run_once(&CancellationToken::new()).await.expect("run"),
+        1
+    );
+    assert_eq!(
+        all.run_once(&CancellationToken::new()).await.expect("run"),
+        0
+    );
+    // A cancelled run deletes nothing.
+    let cancelled = CancellationToken::new();
+    cancelled.cancel();
+    assert_eq!(all.run_once(&cancelled).await.expect("run"), 0);
+    // The parked and the pending event are still there.
+    assert_eq!(h.pending().await, 2);
+    let stats = store.stats().await.expect("stats");
+    assert_eq!((stats.pending, stats.parked), (1, 1), "{stats:?}");
+    assert!(
+        stats
+            .oldest_pending_age
+            .is_some_and(|age| age >= Duration::from_millis(1_000))
     );
 }
