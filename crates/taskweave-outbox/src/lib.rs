@@ -88,9 +88,11 @@ pub use relay::{
 };
 pub use retention::Retention;
 pub use retry::{FailedAttempt, NextAttempt, RetryPolicy};
+#[cfg(feature = "postgres")]
+#[doc(hidden)]
+pub use store::migrate_up_to;
 pub use store::{
     Batch, ClaimLimits, MemoryBatch, MemoryStore, MemoryTransaction, OutboxStats, ParkedEvent,
     Store,
 };
-#[cfg(feature = "postgres")]
 pub use store::{PgBatch, PgStore, Schema, migrate};

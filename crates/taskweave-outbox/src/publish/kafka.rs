@@ -3,6 +3,7 @@
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -29,9 +30,22 @@ const QUEUE_FULL_BACKOFF: Duration = Duration::from_millis(2);
 /// | `acks` | `all` | an acknowledgement means the in-sync replicas have it |
 /// | `partitioner` | `murmur2_random` | keys land on the partitions the Java client picks |
 /// | `message.timeout.ms` | `5000` | a delivery report always comes back within 80 % of the relay's default 10 s batch budget |
+/// | `topic.metadata.propagation.max.ms` | `2000` | a topic that does not exist fails as unknown (permanent: the event is parked) instead of timing out (retriable: retried for minutes); a topic created less than 2 s ago may be reported unknown, so create topics before enqueueing to them |
 ///
 /// The Kafka key is the event's key; the headers are [`EVENT_ID_HEADER`],
 /// [`SEQUENCE_HEADER`], then the event's own.
+///
+/// # A producer that goes silent
+///
+/// An idempotent producer whose state the cluster lost (a broker restarted without its
+/// logs; measured here with tansu's memory storage) times out every message from then on,
+/// while a new producer on the same brokers gets through at once. When the relay reports
+/// several batches in a row that delivered nothing and timed out, the publisher
+/// ([`Publisher::recover`]) replaces its producer with a new one from the same settings,
+/// if the old one has nothing in flight (so no message of the old producer can land after
+/// one of the new). The new producer has a new producer id: a message the old one sent and
+/// the broker kept but never acknowledged is then published twice, which at-least-once
+/// delivery allows and the event id lets consumers drop.
 ///
 /// # Examples
 ///
@@ -49,7 +63,9 @@ const QUEUE_FULL_BACKOFF: Duration = Duration::from_millis(2);
 /// ```
 #[derive(Clone)]
 pub struct KafkaPublisher {
-    producer: FutureProducer,
+    config: ClientConfig,
+    /// The current producer; replaced by `recover`.
+    producer: Arc<Mutex<FutureProducer>>,
 }
 
 impl KafkaPublisher {
@@ -72,7 +88,8 @@ impl KafkaPublisher {
             .set("enable.idempotence", "true")
             .set("acks", "all")
             .set("partitioner", "murmur2_random")
-            .set("message.timeout.ms", "5000");
+            .set("message.timeout.ms", "5000")
+            .set("topic.metadata.propagation.max.ms", "2000");
         config
     }
 
@@ -84,20 +101,26 @@ impl KafkaPublisher {
     /// librdkafka's refusal of the configuration.
     pub fn from_config(config: &ClientConfig) -> Result<Self, KafkaError> {
         Ok(Self {
-            producer: config.create()?,
+            config: config.clone(),
+            producer: Arc::new(Mutex::new(config.create()?)),
         })
     }
 
-    /// The producer, to share with code that publishes directly.
-    pub fn producer(&self) -> &FutureProducer {
-        &self.producer
+    /// The current producer (a cheap handle), to share with code that publishes directly.
+    /// After a [`recover`](Publisher::recover) the publisher uses a new one.
+    #[must_use]
+    pub fn producer(&self) -> FutureProducer {
+        self.producer
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
     }
 }
 
 impl fmt::Debug for KafkaPublisher {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("KafkaPublisher")
-            .field("in_flight", &self.producer.in_flight_count())
+            .field("in_flight", &self.producer().in_flight_count())
             .finish_non_exhaustive()
     }
 }
@@ -123,12 +146,13 @@ impl Publisher for KafkaPublisher {
                 value: Some(value.as_slice()),
             });
         }
+        let producer = self.producer();
         let mut message = FutureRecord::to(&record.topic)
             .key(record.key.as_slice())
             .payload(record.payload.as_slice())
             .headers(headers);
         loop {
-            match self.producer.send_result(message) {
+            match producer.send_result(message) {
                 Ok(delivery) => return Ok(KafkaDelivery { inner: delivery }),
                 Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back)) => {
                     // The local queue drains as acknowledgements come in; the relay bounds
@@ -142,12 +166,33 @@ impl Publisher for KafkaPublisher {
     }
 
     async fn flush(&self, timeout: Duration) -> Result<(), PublishError> {
-        let producer = self.producer.clone();
+        let producer = self.producer();
         // librdkafka's flush blocks its thread.
         tokio::task::spawn_blocking(move || producer.flush(timeout))
             .await
             .map_err(|error| PublishError::retriable(format!("flush task failed: {error}")))?
             .map_err(|error| classify(&error))
+    }
+
+    async fn recover(&self) -> bool {
+        let old = self.producer();
+        if old.in_flight_count() > 0 {
+            return false;
+        }
+        let fresh: FutureProducer = match self.config.create() {
+            Ok(fresh) => fresh,
+            Err(error) => {
+                tracing::warn!(%error, "outbox publisher could not make a new Kafka producer");
+                return false;
+            }
+        };
+        *self.producer.lock().unwrap_or_else(PoisonError::into_inner) = fresh;
+        tracing::warn!(
+            "outbox publisher replaced its Kafka producer after batches that delivered nothing"
+        );
+        // The old one's last handle may be ours; librdkafka's destroy blocks its thread.
+        drop(tokio::task::spawn_blocking(move || drop(old)));
+        true
     }
 }
 
@@ -207,5 +252,48 @@ fn classify(error: &KafkaError) -> PublishError {
         PublishError::permanent(error.to_string())
     } else {
         PublishError::retriable(error.to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::PublishErrorKind;
+
+    fn kind(code: RDKafkaErrorCode) -> PublishErrorKind {
+        classify(&KafkaError::MessageProduction(code)).kind()
+    }
+
+    #[test]
+    fn errors_are_classified_by_their_code() {
+        use RDKafkaErrorCode as C;
+        for code in [
+            C::BrokerTransportFailure,
+            C::AllBrokersDown,
+            C::MessageTimedOut,
+            C::RequestTimedOut,
+            C::LeaderNotAvailable,
+            C::NotLeaderForPartition,
+            C::NotEnoughReplicas,
+            C::NotEnoughReplicasAfterAppend,
+            C::NetworkException,
+            C::QueueFull,
+        ] {
+            assert_eq!(kind(code), PublishErrorKind::Retriable, "{code:?}");
+        }
+        for code in [
+            C::MessageSizeTooLarge,
+            C::InvalidMessageSize,
+            C::InvalidRecord,
+            C::InvalidTopic,
+            C::UnknownTopic,
+            C::UnknownTopicOrPartition,
+            C::TopicAuthorizationFailed,
+            C::ClusterAuthorizationFailed,
+            C::PolicyViolation,
+        ] {
+            assert_eq!(kind(code), PublishErrorKind::Permanent, "{code:?}");
+        }
+        assert_eq!(kind(C::Fatal), PublishErrorKind::Fatal);
     }
 }

@@ -57,4 +57,16 @@ pub trait Publisher: Send + Sync + 'static {
         let _ = timeout;
         async { Ok(()) }
     }
+
+    /// Called by the relay when several batches in a row delivered nothing and timed out
+    /// (see [`Relay`](crate::Relay)): a chance to replace a transport that has gone silent.
+    /// Returns whether it did. The relay calls it only between batches, with none of its
+    /// deliveries outstanding. The default does nothing.
+    ///
+    /// # Cancel safety
+    ///
+    /// Implementations must leave the publisher usable when the future is dropped.
+    fn recover(&self) -> impl Future<Output = bool> + Send {
+        async { false }
+    }
 }

@@ -29,6 +29,7 @@ pub(crate) struct Counters {
     last_batch_events: AtomicU64,
     last_batch_micros: AtomicU64,
     max_batch_micros: AtomicU64,
+    publisher_recoveries: AtomicU64,
 }
 
 impl Counters {
@@ -58,6 +59,10 @@ impl Counters {
             .fetch_add(summary.held_back as u64, Ordering::Relaxed);
         self.parked.fetch_add(parked as u64, Ordering::Relaxed);
         self.backoffs.fetch_add(backoffs as u64, Ordering::Relaxed);
+    }
+
+    pub(crate) fn publisher_recovered(&self) {
+        self.publisher_recoveries.fetch_add(1, Ordering::Relaxed);
     }
 
     /// A batch that claimed `claimed` events took `took`, claim to commit.
@@ -115,6 +120,7 @@ impl RelayMetricsHandle {
             last_batch_events: get(&c.last_batch_events),
             last_batch_took: Duration::from_micros(get(&c.last_batch_micros)),
             max_batch_took: Duration::from_micros(get(&c.max_batch_micros)),
+            publisher_recoveries: get(&c.publisher_recoveries),
         }
     }
 }
@@ -172,4 +178,7 @@ pub struct RelayMetrics {
     pub last_batch_took: Duration,
     /// The longest batch so far.
     pub max_batch_took: Duration,
+    /// Times the publisher replaced its transport after batches that delivered nothing
+    /// (see [`Publisher::recover`](crate::Publisher::recover)).
+    pub publisher_recoveries: u64,
 }

@@ -31,6 +31,13 @@ const PUBLISH_SHARE: f64 = 0.8;
 /// The share of the batch budget the claim may take.
 const CLAIM_SHARE: f64 = 0.1;
 
+/// Stalled batches in a row (nothing delivered, every failure retriable) after which the
+/// relay asks the publisher to recover.
+const STALLED_BEFORE_RECOVERY: u32 = 3;
+
+/// The least time between two recoveries of the publisher.
+const RECOVERY_EVERY: Duration = Duration::from_secs(30);
+
 /// How long the relay's report at stop waits for the store's counts.
 const REPORT_STATS_TIMEOUT: Duration = Duration::from_secs(2);
 
@@ -296,6 +303,8 @@ impl<S: Store, P: Publisher> Relay<S, P> {
         let min_poll = self.min_poll_interval.min(self.poll_interval);
         // The next idle wait: short after work, doubling while idle.
         let mut idle_wait = self.poll_interval;
+        let mut stalled = 0_u32;
+        let mut last_recovery: Option<Instant> = None;
         tracing::debug!(relay = %self.name, "outbox relay started");
         let stopped = loop {
             if token.is_cancelled() {
@@ -325,6 +334,7 @@ impl<S: Store, P: Publisher> Relay<S, P> {
             let wait: Option<Duration> = match outcome {
                 Ok(summary) => {
                     report.add(&summary);
+                    stalled = if summary.stalled { stalled + 1 } else { 0 };
                     let fatal = summary.fatal.clone();
                     let stuck =
                         (summary.failed > 0 || summary.commit_failed) && summary.dispatched == 0;
@@ -346,6 +356,15 @@ impl<S: Store, P: Publisher> Relay<S, P> {
                     // Wait when there was nothing to do, or nothing could be done (a broker
                     // down); go on at once when the batch made progress, even if one key
                     // failed, so that a failing key does not slow the others down.
+                    if stalled >= STALLED_BEFORE_RECOVERY
+                        && last_recovery.is_none_or(|at| at.elapsed() >= RECOVERY_EVERY)
+                    {
+                        last_recovery = Some(Instant::now());
+                        stalled = 0;
+                        if self.publisher.recover().await {
+                            self.counters.publisher_recovered();
+                        }
+                    }
                     if stuck {
                         Some(self.poll_interval)
                     } else if empty {
@@ -547,6 +566,8 @@ impl<S: Store, P: Publisher> Relay<S, P> {
             });
         }
         let delivered = dispatched.len();
+        summary.stalled =
+            delivered == 0 && summary.failed > 0 && summary.fatal.is_none() && summary.parked == 0;
         let (parked, backing_off) = (summary.parked, summary.backing_off);
         match batch.complete(dispatched, failed).await {
             Ok(()) => {

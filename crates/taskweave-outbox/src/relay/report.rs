@@ -28,6 +28,10 @@ pub struct BatchSummary {
     pub sent_after_failure: usize,
     /// Whether the commit failed after publishing (the batch will be published again).
     pub commit_failed: bool,
+    /// Whether nothing was delivered and every failure was retriable (a broker down, or a
+    /// producer gone silent): after a few such batches in a row the relay asks the
+    /// publisher to [recover](crate::Publisher::recover).
+    pub stalled: bool,
     /// The publisher's fatal error, if it failed for good during the batch.
     pub fatal: Option<String>,
     /// Claim to commit.

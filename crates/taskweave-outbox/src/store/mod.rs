@@ -18,7 +18,7 @@ mod postgres;
 
 pub use memory::{MemoryBatch, MemoryStore, MemoryTransaction};
 #[cfg(feature = "postgres")]
-pub use postgres::{PgBatch, PgStore, Schema, migrate};
+pub use postgres::{PgBatch, PgStore, Schema, migrate, migrate_up_to};
 
 /// What a relay may claim in one batch.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

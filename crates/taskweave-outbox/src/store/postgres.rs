@@ -151,6 +151,19 @@ fn is_identifier(name: &str, may_be_empty: bool) -> bool {
 /// Not cancel safe: run it to completion (a dropped future closes its connection, and the
 /// server rolls the migration back).
 pub async fn migrate(pool: &PgPool, schema: &Schema, buckets: u32) -> Result<i32, StoreError> {
+    migrate_up_to(pool, schema, buckets, LATEST_VERSION).await
+}
+
+/// [`migrate`], stopping at `target` (for upgrade tests: a database left at an older
+/// version, as an older release of this crate made it).
+#[doc(hidden)]
+pub async fn migrate_up_to(
+    pool: &PgPool,
+    schema: &Schema,
+    buckets: u32,
+    target: i32,
+) -> Result<i32, StoreError> {
+    let target = target.clamp(1, LATEST_VERSION);
     assert!(
         (1..=65_536).contains(&buckets),
         "migrate: the bucket count must be between 1 and 65536"
@@ -205,7 +218,7 @@ pub async fn migrate(pool: &PgPool, schema: &Schema, buckets: u32) -> Result<i32
             .execute(conn.get())
             .await?;
     }
-    if version < 2 {
+    if version < 2 && target >= 2 {
         sqlx::raw_sql(AssertSqlSafe(version_2(schema)))
             .execute(conn.get())
             .await?;
@@ -214,12 +227,12 @@ pub async fn migrate(pool: &PgPool, schema: &Schema, buckets: u32) -> Result<i32
         "INSERT INTO {meta} (version, buckets) VALUES ($1, $2)
          ON CONFLICT (singleton) DO UPDATE SET version = EXCLUDED.version"
     )))
-    .bind(LATEST_VERSION)
+    .bind(version.max(target))
     .bind(i32::try_from(buckets).expect("at most 65536"))
     .execute(conn.get())
     .await?;
     conn.commit().await?;
-    Ok(LATEST_VERSION)
+    Ok(version.max(target))
 }
 
 /// Version 1: the events table with its pending partial index, and the bucket table.
@@ -777,6 +790,20 @@ impl PgStore {
     #[must_use]
     pub fn claim_events_sql(&self) -> &str {
         &self.inner.sql.claim_events
+    }
+
+    /// The statement of [`Store::stats`] (for plan tests).
+    #[doc(hidden)]
+    #[must_use]
+    pub fn stats_sql(&self) -> &str {
+        &self.inner.sql.stats
+    }
+
+    /// The statement of [`Store::delete_dispatched`] (for plan tests: milliseconds, limit).
+    #[doc(hidden)]
+    #[must_use]
+    pub fn delete_dispatched_sql(&self) -> &str {
+        &self.inner.sql.delete_dispatched
     }
 
     /// The statement a relay uses to claim buckets (for plan tests: `EXPLAIN` it with a

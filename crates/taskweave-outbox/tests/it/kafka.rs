@@ -281,3 +281,55 @@ fn mock_cluster(
     let publisher = KafkaPublisher::from_config(&config).expect("producer");
     (cluster, publisher)
 }
+
+/// On the real broker, an event for a topic that does not exist (tansu creates none by
+/// itself) is a permanent failure: parked at its first attempt, its key's later events
+/// wait, and the other keys flow.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_the_real_broker_a_topic_that_does_not_exist_parks_its_event() {
+    let store = fresh_store(1, 6).await;
+    let topic = create_topic(1).await;
+    let missing = support::unique_name("missing");
+    commit_each(
+        &store,
+        vec![
+            Event::new(&missing, "k", b"lost?".to_vec()),
+            Event::new(&topic, "k", b"behind".to_vec()),
+            Event::new(&topic, "other", b"flows".to_vec()),
+        ],
+    )
+    .await;
+    let publisher = KafkaPublisher::new(&kafka_brokers()).expect("producer");
+    let token = CancellationToken::new();
+    let relay = Relay::new(store.clone(), publisher).with_poll_interval(Duration::from_millis(50));
+    let metrics = relay.metrics();
+    let running = tokio::spawn(relay.run(token.clone()));
+    let start = std::time::Instant::now();
+    while metrics.snapshot().parked < 1 || metrics.snapshot().dispatched < 1 {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "{:?}",
+            metrics.snapshot()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    token.cancel();
+    running.await.unwrap();
+    let parked = store.parked(10).await.unwrap();
+    assert_eq!(parked.len(), 1, "{parked:?}");
+    assert_eq!(
+        (parked[0].topic.as_str(), parked[0].attempts),
+        (missing.as_str(), 1)
+    );
+    let m = metrics.snapshot();
+    assert_eq!(
+        (m.retriable_failures, m.permanent_failures),
+        (0, 1),
+        "{m:?}"
+    );
+    let stats = store.stats().await.unwrap();
+    assert_eq!(
+        (stats.parked, stats.behind_parked, stats.pending),
+        (1, 1, 0)
+    );
+}

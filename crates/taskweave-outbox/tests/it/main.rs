@@ -5,6 +5,7 @@ mod auto_traits;
 mod crash;
 mod kafka;
 mod memory;
+mod operations;
 mod postgres;
 mod shutdown;
 mod suite;

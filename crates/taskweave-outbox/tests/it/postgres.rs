@@ -153,11 +153,14 @@ async fn the_event_commits_and_rolls_back_with_the_business_data() {
 async fn the_claim_reads_the_pending_partial_index_with_many_dispatched_rows() {
     let store = fresh_store(64, 4).await;
     let events = store.schema().events_table();
-    // 100,000 dispatched rows and 200 pending ones, written directly.
+    // 100,000 dispatched rows and 200 pending ones, written directly; the first ten pending
+    // ones are parked (each the only pending row of its key).
     sqlx::query(AssertSqlSafe(format!(
-        "INSERT INTO {events} (event_id, bucket, topic, key, payload, headers, dispatched_at)
+        "INSERT INTO {events} (event_id, bucket, topic, key, payload, headers, dispatched_at, parked_at, attempts)
          SELECT gen_random_uuid(), g % 64, 't', convert_to('k' || g % 500, 'UTF8'), '\\x00', '\\x00000000',
-                CASE WHEN g <= 100000 THEN now() END
+                CASE WHEN g <= 100000 THEN now() END,
+                CASE WHEN g BETWEEN 100001 AND 100010 THEN now() END,
+                CASE WHEN g BETWEEN 100001 AND 100010 THEN 3 ELSE 0 END
          FROM generate_series(1, 100200) g"
     )))
     .execute(store.pool())
@@ -180,6 +183,11 @@ async fn the_claim_reads_the_pending_partial_index_with_many_dispatched_rows() {
         !plan.contains("Seq Scan") && !plan.contains("events_pkey"),
         "no scan over dispatched rows:\n{plan}"
     );
+    let held = format!("{}events_held", "outbox_");
+    assert!(
+        plan.contains(&held),
+        "held keys are found on {held}:\n{plan}"
+    );
     let plan = explain(&store, store.claim_buckets_sql(), |query| {
         query.bind(16_i64)
     })
@@ -197,8 +205,159 @@ async fn the_claim_reads_the_pending_partial_index_with_many_dispatched_rows() {
         })
         .await
         .unwrap();
-    assert_eq!(batch.records().len(), 200);
-    assert!(batch.records().iter().all(|r| r.id > 100_000));
+    assert_eq!(
+        batch.records().len(),
+        190,
+        "every pending row but the parked ones"
+    );
+    assert!(batch.records().iter().all(|r| r.id > 100_010));
+    drop(batch);
+    // The counts read the pending rows only.
+    let plan = explain(&store, store.stats_sql(), |query| query).await;
+    assert!(
+        plan.contains(&index) && !plan.contains("Seq Scan on"),
+        "{plan}"
+    );
+    let stats = store.stats().await.unwrap();
+    assert_eq!((stats.pending, stats.parked), (190, 10));
+    // Retention walks the dispatched index, oldest first.
+    let plan = explain(&store, store.delete_dispatched_sql(), |query| {
+        query.bind(1_000_i64).bind(1_000_i64)
+    })
+    .await;
+    let dispatched = format!("{}events_dispatched", "outbox_");
+    assert!(plan.contains(&dispatched), "{plan}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_outbox_left_at_version_1_upgrades_and_keeps_its_events() {
+    let pool = pool(4).await;
+    let schema = Schema::new(&unique_name("v1"));
+    assert_eq!(
+        taskweave_outbox::migrate_up_to(&pool, &schema, 8, 1)
+            .await
+            .unwrap(),
+        1
+    );
+    // A row as version 1 wrote it, and a relay of this version refusing the old schema.
+    let events = schema.events_table();
+    sqlx::query(AssertSqlSafe(format!(
+        "INSERT INTO {events} (event_id, bucket, topic, key, payload, headers)
+         VALUES (gen_random_uuid(), 3, 'orders', 'k', 'old', '\\x00000000')"
+    )))
+    .execute(&pool)
+    .await
+    .unwrap();
+    match PgStore::connect(pool.clone(), schema.clone()).await {
+        Err(StoreError::NotMigrated(why)) => assert!(why.contains("version 1"), "{why}"),
+        other => panic!("expected NotMigrated, got {other:?}"),
+    }
+    assert_eq!(migrate(&pool, &schema, 8).await.unwrap(), 2);
+    let store = PgStore::connect(pool, schema).await.unwrap();
+    let batch = store.claim(limits()).await.unwrap();
+    assert_eq!(batch.records().len(), 1);
+    assert_eq!(
+        (
+            batch.records()[0].payload.as_slice(),
+            batch.records()[0].attempts
+        ),
+        (&b"old"[..], 0)
+    );
+}
+
+/// With `with_notify`, a relay whose store is another instance (another process, as far as
+/// nudges go) and whose poll interval is an hour wakes at the commit; and after its
+/// listening connection is killed it reconnects and wakes again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn notify_wakes_a_relay_in_another_process_and_survives_a_lost_connection() {
+    let name = unique_name("listen");
+    let pool = pool_named(6, &name).await;
+    let schema = Schema::new(&unique_name("n"));
+    migrate(&pool, &schema, 8).await.unwrap();
+    let writer = PgStore::connect(pool.clone(), schema.clone())
+        .await
+        .unwrap()
+        .with_notify(true);
+    let relay_store = PgStore::connect(pool.clone(), schema)
+        .await
+        .unwrap()
+        .with_notify(true);
+    let publisher = taskweave_outbox::MemoryPublisher::new();
+    let token = tokio_util::sync::CancellationToken::new();
+    // An hour between polls, also just after work: only a notification wakes it.
+    let relay = taskweave_outbox::Relay::new(relay_store, publisher.clone())
+        .with_poll_interval(Duration::from_secs(3600))
+        .with_min_poll_interval(Duration::from_secs(3600));
+    let metrics = relay.metrics();
+    let running = tokio::spawn(relay.run(token.clone()));
+    let listening = async || {
+        sqlx::query_scalar::<_, i64>(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 AND query LIKE 'LISTEN%'",
+        )
+        .bind(&name)
+        .fetch_one(&pool)
+        .await
+        .unwrap()
+            == 1
+    };
+    let wait_for = async |what: &str, done: &mut dyn FnMut() -> bool| {
+        let start = std::time::Instant::now();
+        while !done() {
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "timed out waiting for {what}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    let start = std::time::Instant::now();
+    while !listening().await {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "the listener never listened"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    wait_for("the first poll", &mut || {
+        metrics.snapshot().empty_polls >= 1
+    })
+    .await;
+
+    for round in 0..2_usize {
+        let mut tx = pool.begin().await.unwrap();
+        writer
+            .enqueue(&mut tx, Event::new("orders", "k", vec![0]))
+            .await
+            .unwrap();
+        // A plain commit: no in-process nudge, only the notification.
+        tx.commit().await.unwrap();
+        wait_for("the notified relay", &mut || {
+            publisher.published().len() == round + 1
+        })
+        .await;
+        if round == 0 {
+            // Kill the listening connection; sqlx connects again.
+            sqlx::query(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1 AND query LIKE 'LISTEN%'",
+            )
+            .bind(&name)
+            .execute(&pool)
+            .await
+            .unwrap();
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            let start = std::time::Instant::now();
+            while !listening().await {
+                assert!(
+                    start.elapsed() < Duration::from_secs(30),
+                    "the listener never came back"
+                );
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    }
+    token.cancel();
+    let report = running.await.unwrap();
+    assert_eq!(report.dispatched, 2);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -126,15 +126,20 @@ pub(crate) async fn commit_each(store: &PgStore, events: Vec<Event>) {
 
 /// A topic with `partitions` partitions on the test broker.
 pub(crate) async fn create_topic(partitions: i32) -> String {
-    let brokers = kafka_brokers();
     let name = unique_name("topic");
+    create_topic_on(&kafka_brokers(), &name, partitions).await;
+    name
+}
+
+/// Creates topic `name` on `brokers`.
+pub(crate) async fn create_topic_on(brokers: &str, name: &str, partitions: i32) {
     let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
-        .set("bootstrap.servers", &brokers)
+        .set("bootstrap.servers", brokers)
         .create()
         .expect("admin client");
     let results = admin
         .create_topics(
-            &[NewTopic::new(&name, partitions, TopicReplication::Fixed(1))],
+            &[NewTopic::new(name, partitions, TopicReplication::Fixed(1))],
             &AdminOptions::new().operation_timeout(Some(Duration::from_secs(10))),
         )
         .await
@@ -146,7 +151,6 @@ pub(crate) async fn create_topic(partitions: i32) -> String {
     for result in results {
         result.unwrap_or_else(|(topic, error)| panic!("creating topic {topic}: {error}"));
     }
-    name
 }
 
 /// One message read back from the broker.
@@ -169,8 +173,19 @@ pub(crate) fn read_topic(
     at_least: usize,
     linger: Duration,
 ) -> Vec<Consumed> {
+    read_topic_on(&kafka_brokers(), topic, partitions, at_least, linger)
+}
+
+/// [`read_topic`] on `brokers`.
+pub(crate) fn read_topic_on(
+    brokers: &str,
+    topic: &str,
+    partitions: i32,
+    at_least: usize,
+    linger: Duration,
+) -> Vec<Consumed> {
     let consumer: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", kafka_brokers())
+        .set("bootstrap.servers", brokers)
         .set("group.id", unique_name("reader"))
         .set("enable.auto.commit", "false")
         .create()
