@@ -108,7 +108,6 @@ impl KafkaPublisher {
 
     /// The current producer (a cheap handle), to share with code that publishes directly.
     /// After a [`recover`](Publisher::recover) the publisher uses a new one.
-    #[must_use]
     pub fn producer(&self) -> FutureProducer {
         self.producer
             .lock()

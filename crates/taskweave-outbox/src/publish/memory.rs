@@ -11,6 +11,7 @@ use crate::event::{EVENT_ID_HEADER, EventId, OutboxRecord, SEQUENCE_HEADER};
 use crate::publish::Publisher;
 
 type Fault = Box<dyn FnMut(&OutboxRecord) -> Option<PublishError> + Send>;
+type Delay = Box<dyn FnMut(&OutboxRecord) -> Option<Duration> + Send>;
 
 /// A [`Publisher`] that keeps what it publishes in memory, in publish order, for the tour
 /// and for tests on tokio's paused clock. Failures are injected with
@@ -43,6 +44,7 @@ struct Inner {
     log: Mutex<Vec<Published>>,
     fault: Mutex<Option<Fault>>,
     ack_fault: Mutex<Option<Fault>>,
+    ack_delays: Mutex<Option<Delay>>,
 }
 
 /// One record as a [`MemoryPublisher`] published it: what a consumer would read.
@@ -102,12 +104,24 @@ impl MemoryPublisher {
         *lock(&self.inner.ack_fault) = Some(Box::new(fault));
     }
 
-    /// Stops failing records, at `send` and at acknowledgement.
+    /// From now on, acknowledges each record for which `delay` returns a duration that
+    /// long after it was sent, instead of the [usual delay](Self::with_ack_delay): a slow
+    /// partition. The record is in the log at once (the broker has it), so a relay that
+    /// stops waiting publishes it again. Replaces any earlier rule of this kind.
+    pub fn delay_acks_when(
+        &self,
+        delay: impl FnMut(&OutboxRecord) -> Option<Duration> + Send + 'static,
+    ) {
+        *lock(&self.inner.ack_delays) = Some(Box::new(delay));
+    }
+
+    /// Stops failing and delaying records, at `send` and at acknowledgement.
     pub fn heal(&self) {
         // Dropped outside the lock: it is user code.
         let old = (
             lock(&self.inner.fault).take(),
             lock(&self.inner.ack_fault).take(),
+            lock(&self.inner.ack_delays).take(),
         );
         drop(old);
     }
@@ -138,7 +152,10 @@ impl Publisher for MemoryPublisher {
         if let Some(error) = verdict {
             return Err(error);
         }
-        let delay = self.inner.ack_delay;
+        let delay = lock(&self.inner.ack_delays)
+            .as_mut()
+            .and_then(|delay| delay(record))
+            .unwrap_or(self.inner.ack_delay);
         let ack_verdict = lock(&self.inner.ack_fault)
             .as_mut()
             .and_then(|fault| fault(record));

@@ -55,6 +55,7 @@ both_stores! {
     a_permanent_error_parks_at_once_and_purge_lets_the_key_flow;
     drain_waits_for_a_backoff_but_not_for_a_parked_event;
     retention_deletes_only_dispatched_events_older_than_the_age;
+    a_slow_acknowledgement_is_cut_off_and_the_delivered_rest_commits;
 }
 
 /// Crashes at each point of a batch: nothing lost in any case; duplicates only when the

@@ -537,3 +537,37 @@ async fn explain(
 }
 
 type PgQuery<'q> = sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>;
+
+/// The session backstop: a batch held open past its hold time (a relay hung mid-batch) is
+/// cut off by the server, which frees its buckets for the next claim; its commit then fails
+/// and nothing it held is marked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_held_past_its_hold_time_is_cut_off_by_the_server() {
+    let store = fresh_store(4, 4).await;
+    crate::support::commit_each(&store, vec![Event::new("orders", "k", b"x".to_vec())]).await;
+    let short = ClaimLimits {
+        buckets: 4,
+        events: 10,
+        hold_at_most: Duration::from_secs(1),
+    };
+    let hung = store.claim(short).await.unwrap();
+    assert_eq!(hung.records().len(), 1);
+    assert!(
+        store.claim(short).await.unwrap().records().is_empty(),
+        "held"
+    );
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    let next = store.claim(short).await.unwrap();
+    assert_eq!(
+        next.records().len(),
+        1,
+        "the server freed the hung batch's bucket"
+    );
+    let id = next.records()[0].id;
+    assert!(
+        hung.commit(vec![id]).await.is_err(),
+        "the hung batch's session is gone"
+    );
+    next.commit(vec![id]).await.unwrap();
+    assert_eq!(store.pending().await.unwrap(), 0);
+}

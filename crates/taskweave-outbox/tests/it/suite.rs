@@ -867,3 +867,47 @@ pub(crate) async fn retention_deletes_only_dispatched_events_older_than_the_age<
             .is_some_and(|age| age >= Duration::from_millis(1_000))
     );
 }
+
+/// A batch whose acknowledgements would run past its budget stops waiting at 80 % of it,
+/// marks what was delivered, records the missing acknowledgement as a failed attempt, and
+/// commits: the transaction never outlives the budget.
+pub(crate) async fn a_slow_acknowledgement_is_cut_off_and_the_delivered_rest_commits<H: Harness>(
+    h: H,
+) {
+    h.commit(vec![
+        event("a", "a1"),
+        event("slow", "s1"),
+        event("c", "c1"),
+    ])
+    .await;
+    let publisher = MemoryPublisher::new();
+    publisher
+        .delay_acks_when(|record| (record.key == b"slow").then_some(Duration::from_secs(3600)));
+    let budget = Duration::from_secs(2);
+    let relay = Relay::new(h.store(), publisher.clone()).with_batch_budget(budget);
+    let report = relay
+        .drain(
+            CancellationToken::new(),
+            Instant::now() + Duration::from_secs(3),
+        )
+        .await;
+    assert!(
+        matches!(report.stopped, StopReason::DeadlineTooClose { .. }),
+        "{report}"
+    );
+    let last = report.last_batch.clone().expect("a batch");
+    assert_eq!(
+        (
+            last.claimed,
+            last.dispatched,
+            last.timed_out,
+            last.backing_off
+        ),
+        (3, 2, 1, 1),
+        "{last:?}"
+    );
+    assert!(last.took < budget, "{last:?}");
+    assert_eq!(h.pending().await, 1);
+    let stats = h.store().stats().await.expect("stats");
+    assert_eq!((stats.pending, stats.backing_off), (1, 1), "{stats:?}");
+}
