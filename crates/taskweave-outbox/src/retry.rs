@@ -13,7 +13,7 @@ use crate::error::PublishErrorKind;
 /// [`max_attempts`](Self::with_max_attempts) failed attempts, or at once for a
 /// [permanent](PublishErrorKind::Permanent) error, the event is *parked*: it and its key's
 /// later events wait until an operator retries or purges it (see
-/// [`PgStore::retry_parked`](crate::PgStore::retry_parked)).
+/// [`Store::retry_parked`](crate::Store::retry_parked)).
 ///
 /// The delay before attempt `n + 1`, after `n` failed attempts, is
 /// `initial × 2^(n-1)`, capped at [`max_delay`](Self::with_max_delay), then spread over
