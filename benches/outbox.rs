@@ -731,6 +731,65 @@ async fn claim_with_dispatched_rows(pool: &PgPool) {
         }
         teardown(pool, &store).await;
     }
+    claim_behind_a_parked_key(pool).await;
+}
+
+/// The claim's time when one parked key has `n` events behind it in one bucket, with 1,000
+/// healthy pending events spread over the buckets: the known cost of a held key's backlog
+/// (the claim walks it, one index probe per row; see `docs/patterns/outbox.md`).
+async fn claim_behind_a_parked_key(pool: &PgPool) {
+    println!("\n| events behind a parked key | claim p50 ms | claim p99 ms |");
+    println!("|---|---|---|");
+    for behind in [0_i64, 10_000, 100_000, 1_000_000] {
+        let name = format!("bench_parked_{}", EventId::new().as_uuid().simple());
+        let schema = Schema::new(&name);
+        migrate(pool, &schema, 64).await.expect("migrate");
+        let store = PgStore::connect(pool.clone(), schema)
+            .await
+            .expect("connect");
+        let events = store.schema().events_table();
+        let hot = taskweave::outbox::bucket_of(b"hot", 64);
+        sqlx::query(AssertSqlSafe(format!(
+            "INSERT INTO {events} (event_id, bucket, topic, key, payload, headers, parked_at, attempts)
+             SELECT gen_random_uuid(), $1, 't', 'hot', '\\x00', '\\x00000000',
+                    CASE WHEN g = 0 THEN now() END, CASE WHEN g = 0 THEN 1 ELSE 0 END
+             FROM generate_series(0, $2::int8) g"
+        )))
+        .bind(i32::try_from(hot).expect("a bucket"))
+        .bind(behind)
+        .execute(pool)
+        .await
+        .expect("insert the parked key");
+        sqlx::query(AssertSqlSafe(format!(
+            "INSERT INTO {events} (event_id, bucket, topic, key, payload, headers)
+             SELECT gen_random_uuid(), g % 64, 't', convert_to('key-' || g % 500, 'UTF8'), '\\x00', '\\x00000000'
+             FROM generate_series(1, 1000) g"
+        )))
+        .execute(pool)
+        .await
+        .expect("insert pending");
+        sqlx::query(AssertSqlSafe(format!("VACUUM ANALYZE {events}")))
+            .execute(pool)
+            .await
+            .expect("analyze");
+        let mut times = Vec::new();
+        for _ in 0..50 {
+            let start = Instant::now();
+            let batch = store
+                .claim(ClaimLimits {
+                    buckets: 64,
+                    events: 500,
+                    hold_at_most: Duration::from_secs(60),
+                })
+                .await
+                .expect("claim");
+            batch.commit(Vec::new()).await.expect("release");
+            times.push(start.elapsed().as_secs_f64() * 1000.0);
+        }
+        times.sort_by(f64::total_cmp);
+        println!("| {behind} | {:.2} | {:.2} |", times[25], times[49]);
+        teardown(pool, &store).await;
+    }
 }
 
 /// 1,000,000 events through 4 relays with 5 % of publishes failing (retriable), retention

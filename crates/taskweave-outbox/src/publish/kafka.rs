@@ -42,10 +42,13 @@ const QUEUE_FULL_BACKOFF: Duration = Duration::from_millis(2);
 /// while a new producer on the same brokers gets through at once. When the relay reports
 /// several batches in a row that delivered nothing and timed out, the publisher
 /// ([`Publisher::recover`]) replaces its producer with a new one from the same settings,
-/// if the old one has nothing in flight (so no message of the old producer can land after
-/// one of the new). The new producer has a new producer id: a message the old one sent and
-/// the broker kept but never acknowledged is then published twice, which at-least-once
-/// delivery allows and the event id lets consumers drop.
+/// if the old one has nothing in flight and is at least 20 s old. Clones share the
+/// producer, so a relay sharing the publisher may still have handed a record to the old one:
+/// every `send` then waits until the old producer has nothing in flight before it hands a
+/// record to the new one, so no message of the old producer can land after one of the new.
+/// The new producer has a new producer id: a message the old one sent and the broker kept
+/// but never acknowledged is then published twice, which at-least-once delivery allows and
+/// the event id lets consumers drop.
 ///
 /// # Examples
 ///
@@ -64,9 +67,25 @@ const QUEUE_FULL_BACKOFF: Duration = Duration::from_millis(2);
 #[derive(Clone)]
 pub struct KafkaPublisher {
     config: ClientConfig,
-    /// The current producer; replaced by `recover`.
-    producer: Arc<Mutex<FutureProducer>>,
+    /// The current producer, replaced by `recover`; shared by clones.
+    current: Arc<Mutex<Current>>,
 }
+
+/// The producer in use and, after a `recover`, the one it replaced until that one has
+/// nothing in flight: no record goes to the new producer while the old one may still
+/// deliver one (which would reorder a key).
+struct Current {
+    producer: FutureProducer,
+    made: std::time::Instant,
+    previous: Option<FutureProducer>,
+}
+
+/// The least age of a producer before `recover` replaces it (two relays sharing one
+/// publisher both asking must not replace a producer nobody has tried).
+const RECOVER_AFTER: Duration = Duration::from_secs(20);
+
+/// How long `send` waits between looks while a replaced producer still has records in flight.
+const DRAIN_BACKOFF: Duration = Duration::from_millis(2);
 
 impl KafkaPublisher {
     /// A publisher with [`config(brokers)`](Self::config).
@@ -102,18 +121,53 @@ impl KafkaPublisher {
     pub fn from_config(config: &ClientConfig) -> Result<Self, KafkaError> {
         Ok(Self {
             config: config.clone(),
-            producer: Arc::new(Mutex::new(config.create()?)),
+            current: Arc::new(Mutex::new(Current {
+                producer: config.create()?,
+                made: std::time::Instant::now(),
+                previous: None,
+            })),
         })
     }
 
     /// The current producer (a cheap handle), to share with code that publishes directly.
     /// After a [`recover`](Publisher::recover) the publisher uses a new one.
     pub fn producer(&self) -> FutureProducer {
-        self.producer
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
+        self.lock().producer.clone()
     }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Current> {
+        self.current.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The producer to send with, once a replaced one has nothing left in flight.
+    async fn sending_producer(&self) -> FutureProducer {
+        loop {
+            let ready = {
+                let mut current = self.lock();
+                let draining = current
+                    .previous
+                    .as_ref()
+                    .is_some_and(|previous| previous.in_flight_count() > 0);
+                (!draining).then(|| (current.producer.clone(), current.previous.take()))
+            };
+            match ready {
+                Some((producer, retired)) => {
+                    if let Some(retired) = retired {
+                        retire(retired);
+                    }
+                    return producer;
+                }
+                // Bounded by the old producer's `message.timeout.ms`, and by the relay's
+                // publish deadline.
+                None => tokio::time::sleep(DRAIN_BACKOFF).await,
+            }
+        }
+    }
+}
+
+/// Drops a producer off the async threads: librdkafka's destroy blocks its thread.
+fn retire(producer: FutureProducer) {
+    drop(tokio::task::spawn_blocking(move || drop(producer)));
 }
 
 impl fmt::Debug for KafkaPublisher {
@@ -145,7 +199,7 @@ impl Publisher for KafkaPublisher {
                 value: Some(value.as_slice()),
             });
         }
-        let producer = self.producer();
+        let mut producer = self.sending_producer().await;
         let mut message = FutureRecord::to(&record.topic)
             .key(record.key.as_slice())
             .payload(record.payload.as_slice())
@@ -158,6 +212,8 @@ impl Publisher for KafkaPublisher {
                     // the wait with its batch budget.
                     message = back;
                     tokio::time::sleep(QUEUE_FULL_BACKOFF).await;
+                    // A recover meanwhile: the new producer, once the old one is empty.
+                    producer = self.sending_producer().await;
                 }
                 Err((error, _)) => return Err(classify(&error)),
             }
@@ -174,10 +230,17 @@ impl Publisher for KafkaPublisher {
     }
 
     async fn recover(&self) -> bool {
-        let old = self.producer();
-        if old.in_flight_count() > 0 {
-            return false;
+        {
+            let current = self.lock();
+            if current.previous.is_some()
+                || current.producer.in_flight_count() > 0
+                || current.made.elapsed() < RECOVER_AFTER
+            {
+                return false;
+            }
         }
+        // Made outside the lock (it starts librdkafka's threads), swapped in under it after
+        // the same checks again.
         let fresh: FutureProducer = match self.config.create() {
             Ok(fresh) => fresh,
             Err(error) => {
@@ -185,12 +248,21 @@ impl Publisher for KafkaPublisher {
                 return false;
             }
         };
-        *self.producer.lock().unwrap_or_else(PoisonError::into_inner) = fresh;
+        let mut current = self.lock();
+        if current.previous.is_some() || current.made.elapsed() < RECOVER_AFTER {
+            drop(current);
+            retire(fresh);
+            return false;
+        }
+        // The old one stays until it has nothing in flight (a send of a clone may have
+        // raced this): no send goes to the new one before then.
+        let old = std::mem::replace(&mut current.producer, fresh);
+        current.previous = Some(old);
+        current.made = std::time::Instant::now();
+        drop(current);
         tracing::warn!(
             "outbox publisher replaced its Kafka producer after batches that delivered nothing"
         );
-        // The old one's last handle may be ours; librdkafka's destroy blocks its thread.
-        drop(tokio::task::spawn_blocking(move || drop(old)));
         true
     }
 }

@@ -1,12 +1,15 @@
 //! The relay's cumulative counters, readable while it runs.
 
 use std::fmt;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
+
+use tokio::time::Instant;
 
 use crate::error::PublishErrorKind;
 use crate::relay::BatchSummary;
+use crate::store::OutboxStats;
 
 /// Plain event counters. Each is read and written on its own (`Relaxed`): a snapshot is a
 /// set of counts taken one after another, not one instant, and nothing synchronises
@@ -30,6 +33,8 @@ pub(crate) struct Counters {
     last_batch_micros: AtomicU64,
     max_batch_micros: AtomicU64,
     publisher_recoveries: AtomicU64,
+    /// The store's counts as last read, and when.
+    store: Mutex<Option<(OutboxStats, Instant)>>,
 }
 
 impl Counters {
@@ -59,6 +64,15 @@ impl Counters {
             .fetch_add(summary.held_back as u64, Ordering::Relaxed);
         self.parked.fetch_add(parked as u64, Ordering::Relaxed);
         self.backoffs.fetch_add(backoffs as u64, Ordering::Relaxed);
+    }
+
+    /// Keeps `stats` as the latest counts; returns the previous ones.
+    pub(crate) fn store_stats(&self, stats: OutboxStats) -> Option<OutboxStats> {
+        self.store
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .replace((stats, Instant::now()))
+            .map(|(stats, _)| stats)
     }
 
     pub(crate) fn publisher_recovered(&self) {
@@ -121,6 +135,7 @@ impl RelayMetricsHandle {
             last_batch_took: Duration::from_micros(get(&c.last_batch_micros)),
             max_batch_took: Duration::from_micros(get(&c.max_batch_micros)),
             publisher_recoveries: get(&c.publisher_recoveries),
+            store: *c.store.lock().unwrap_or_else(PoisonError::into_inner),
         }
     }
 }
@@ -133,8 +148,8 @@ impl fmt::Debug for RelayMetricsHandle {
     }
 }
 
-/// Cumulative counts of a relay (what waits in the store, and the lag, come from
-/// [`Store::stats`](crate::Store::stats)).
+/// Cumulative counts of a relay, and the store's counts as it last read them
+/// ([`Store::stats`](crate::Store::stats): pending, the lag, parked).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct RelayMetrics {
@@ -181,4 +196,7 @@ pub struct RelayMetrics {
     /// Times the publisher replaced its transport after batches that delivered nothing
     /// (see [`Publisher::recover`](crate::Publisher::recover)).
     pub publisher_recoveries: u64,
+    /// What waits in the store (pending, the lag, parked) as the relay last read it, and
+    /// when (on tokio's clock); see [`Relay::with_stats_interval`](crate::Relay::with_stats_interval).
+    pub store: Option<(OutboxStats, Instant)>,
 }

@@ -116,6 +116,7 @@ pub struct Relay<S, P> {
     min_poll_interval: Duration,
     batch_budget: Duration,
     retry: RetryPolicy,
+    stats_interval: Option<Duration>,
     shutdown: Option<Shutdown>,
     counters: Arc<Counters>,
     #[cfg(feature = "test-hooks")]
@@ -137,6 +138,7 @@ impl<S: Store, P: Publisher> Relay<S, P> {
             min_poll_interval: Duration::from_millis(10),
             batch_budget: Duration::from_secs(10),
             retry: RetryPolicy::new(),
+            stats_interval: Some(Duration::from_secs(10)),
             shutdown: None,
             counters: Arc::default(),
             #[cfg(feature = "test-hooks")]
@@ -219,6 +221,15 @@ impl<S: Store, P: Publisher> Relay<S, P> {
         self
     }
 
+    /// How often the relay reads [`Store::stats`] (pending, lag, parked) into its
+    /// [metrics](Self::metrics) and a `tracing` debug event, between batches (default every
+    /// 10 s; `None`: never). One cheap query over the pending partial index.
+    #[must_use]
+    pub fn with_stats_interval(mut self, interval: Option<Duration>) -> Self {
+        self.stats_interval = interval;
+        self
+    }
+
     /// How failed events are retried before they are parked.
     #[must_use]
     pub fn with_retry(mut self, policy: RetryPolicy) -> Self {
@@ -295,6 +306,8 @@ impl<S: Store, P: Publisher> Relay<S, P> {
     async fn relay(self, token: CancellationToken, drain_until: Option<Instant>) -> RelayReport {
         let mut listener = self.store.nudge().listen();
         let wake_ups_token = token.child_token();
+        // Cancels the listener however this future ends, an abort of its task included.
+        let _stop_wake_ups = wake_ups_token.clone().drop_guard();
         let wake_ups = self
             .store
             .wake_ups(wake_ups_token.clone())
@@ -305,6 +318,7 @@ impl<S: Store, P: Publisher> Relay<S, P> {
         let mut idle_wait = self.poll_interval;
         let mut stalled = 0_u32;
         let mut last_recovery: Option<Instant> = None;
+        let mut stats_due = Instant::now();
         tracing::debug!(relay = %self.name, "outbox relay started");
         let stopped = loop {
             if token.is_cancelled() {
@@ -334,7 +348,12 @@ impl<S: Store, P: Publisher> Relay<S, P> {
             let wait: Option<Duration> = match outcome {
                 Ok(summary) => {
                     report.add(&summary);
-                    stalled = if summary.stalled { stalled + 1 } else { 0 };
+                    // Empty polls between backoffs neither count nor reset: only a delivery does.
+                    if summary.dispatched > 0 {
+                        stalled = 0;
+                    } else if summary.stalled {
+                        stalled += 1;
+                    }
                     let fatal = summary.fatal.clone();
                     let stuck =
                         (summary.failed > 0 || summary.commit_failed) && summary.dispatched == 0;
@@ -344,10 +363,14 @@ impl<S: Store, P: Publisher> Relay<S, P> {
                         tracing::error!(relay = %self.name, error = %message, "outbox publisher failed for good; the relay stops so it can be restarted with a new one");
                         break StopReason::PublisherFailed(message);
                     }
-                    if empty && drain_until.is_some() {
+                    if empty && let Some(deadline) = drain_until {
                         // Empty can also mean that another batch holds every bucket with
-                        // pending events: drained only when nothing is pending at all.
-                        match self.store.has_pending().await {
+                        // pending events, or that retries are due soon: drained only when
+                        // nothing could be published before the last batch must start.
+                        let within = deadline
+                            .saturating_duration_since(Instant::now())
+                            .saturating_sub(self.batch_budget);
+                        match self.store.has_pending(within).await {
                             Ok(false) => break StopReason::Drained,
                             Ok(true) => {}
                             Err(error) => self.store_failed(&mut report, &error),
@@ -381,6 +404,12 @@ impl<S: Store, P: Publisher> Relay<S, P> {
                     Some(self.poll_interval)
                 }
             };
+            if let Some(every) = self.stats_interval
+                && Instant::now() >= stats_due
+            {
+                stats_due = Instant::now() + every;
+                self.read_stats().await;
+            }
             match wait {
                 Some(wait) => {
                     // A nudge means new work that may be claimable, so it ends the wait
@@ -418,6 +447,25 @@ impl<S: Store, P: Publisher> Relay<S, P> {
         report
     }
 
+    /// Reads the store's counts into the metrics; a parked count that grew is a warning.
+    async fn read_stats(&self) {
+        match tokio::time::timeout(REPORT_STATS_TIMEOUT, self.store.stats()).await {
+            Ok(Ok(stats)) => {
+                let before = self.counters.store_stats(stats);
+                tracing::debug!(relay = %self.name, pending = stats.pending, backing_off = stats.backing_off, parked = stats.parked, behind_parked = stats.behind_parked, lag = ?stats.oldest_pending_age, "outbox stats");
+                if stats.parked > before.map_or(0, |b| b.parked) {
+                    tracing::warn!(relay = %self.name, parked = stats.parked, behind_parked = stats.behind_parked, "outbox has parked events: list them with Store::parked, retry or purge them after fixing the cause");
+                }
+            }
+            Ok(Err(error)) => {
+                tracing::debug!(relay = %self.name, %error, "outbox relay could not read the store's counts");
+            }
+            Err(_) => {
+                tracing::debug!(relay = %self.name, "outbox relay's stats query timed out");
+            }
+        }
+    }
+
     fn store_failed(&self, report: &mut RelayReport, error: &StoreError) {
         self.counters.store_error();
         report.store_errors += 1;
@@ -428,7 +476,9 @@ impl<S: Store, P: Publisher> Relay<S, P> {
     /// raced against the token.
     async fn batch(&self) -> Result<BatchSummary, StoreError> {
         let started = Instant::now();
-        let publish_deadline = started + self.batch_budget.mul_f64(PUBLISH_SHARE);
+        let publish_deadline = started
+            .checked_add(self.batch_budget.mul_f64(PUBLISH_SHARE))
+            .unwrap_or_else(|| started + Duration::from_secs(100 * 365 * 86_400));
         // The claim gets a tenth of the budget (a pool that has no connection to give, a
         // server that does not answer); dropping a claim halfway is safe (see `Store`).
         let claim = self.store.claim(ClaimLimits {

@@ -342,8 +342,15 @@ impl Store for MemoryStore {
         })
     }
 
-    async fn has_pending(&self) -> Result<bool, StoreError> {
-        Ok(self.stats_now().pending > 0)
+    async fn has_pending(&self, within: Duration) -> Result<bool, StoreError> {
+        let horizon = far_or(Instant::now(), within);
+        let state = self.lock();
+        // A key counts up to its first row held beyond the horizon.
+        let found = state
+            .pending
+            .keys()
+            .any(|&bucket| state.claimable(bucket, horizon).next().is_some());
+        Ok(found)
     }
 
     async fn stats(&self) -> Result<OutboxStats, StoreError> {

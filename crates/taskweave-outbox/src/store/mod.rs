@@ -140,14 +140,19 @@ pub trait Store: Send + Sync + 'static {
         limits: ClaimLimits,
     ) -> impl Future<Output = Result<Self::Batch, StoreError>> + Send;
 
-    /// Whether any committed event waits to be published: claimable now, held by a batch,
-    /// or backing off (so a [`drain`](crate::Relay::drain) waits for a retry that is due
-    /// before its deadline). Parked events and those behind them do not count.
+    /// Whether any committed event could be published within `within` from now: claimable
+    /// now, held by a batch, or backing off with its next attempt (and its key's earlier
+    /// ones) due within `within`. Parked events, those behind them, and retries due later do
+    /// not count: a [`drain`](crate::Relay::drain) waits for a retry due before its
+    /// deadline, never for one due after it.
     ///
     /// # Errors
     ///
     /// The store's failure.
-    fn has_pending(&self) -> impl Future<Output = Result<bool, StoreError>> + Send;
+    fn has_pending(
+        &self,
+        within: Duration,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
 
     /// Counts of what waits, and the lag. For PostgreSQL, one query over the pending
     /// partial index: its cost follows the pending rows, never the dispatched ones kept.

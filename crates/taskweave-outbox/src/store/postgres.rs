@@ -269,10 +269,12 @@ fn version_1(schema: &Schema, buckets: u32) -> String {
 /// partial index on the rows that hold back their key, and one on the dispatch time for
 /// retention.
 ///
-/// Adding columns with constant defaults rewrites nothing (PostgreSQL 11+). The indexes
-/// are built inside the migration's transaction, so on a large existing table the
-/// migration holds a write lock while it builds them: migrate during a quiet moment, or
-/// create them first with `CREATE INDEX CONCURRENTLY` under the same names.
+/// Adding columns with constant defaults rewrites nothing (PostgreSQL 11+), but `ALTER
+/// TABLE` takes an `ACCESS EXCLUSIVE` lock held to the end of the migration's transaction,
+/// so on a large existing table every read and write of it waits while the two indexes
+/// build. To avoid that, run the four `ADD COLUMN`s yourself (instant), then build the two
+/// indexes with `CREATE INDEX CONCURRENTLY` under the names below, then migrate: it finds
+/// them (`IF NOT EXISTS`).
 fn version_2(schema: &Schema) -> String {
     let events = schema.events_table();
     let held = schema.index("events_held");
@@ -498,16 +500,18 @@ impl PgStore {
             )
             .into(),
             pending: format!("SELECT count(*) FROM {events} WHERE dispatched_at IS NULL").into(),
-            // Pending, not parked and not behind a parked row of its key.
+            // A pending row not held beyond the horizon (`$1` milliseconds from now), nor
+            // behind a row of its key held beyond it.
             has_pending: format!(
                 "SELECT EXISTS (
                      SELECT 1 FROM {events} o
-                     WHERE o.dispatched_at IS NULL AND o.parked_at IS NULL
+                     WHERE o.dispatched_at IS NULL
                        AND NOT EXISTS (SELECT 1 FROM {events} h
-                                       WHERE h.bucket = o.bucket AND h.key = o.key AND h.id < o.id
+                                       WHERE h.bucket = o.bucket AND h.key = o.key AND h.id <= o.id
                                          AND h.dispatched_at IS NULL
                                          AND (h.next_attempt_at IS NOT NULL OR h.parked_at IS NOT NULL)
-                                         AND h.parked_at IS NOT NULL)
+                                         AND (h.parked_at IS NOT NULL
+                                              OR h.next_attempt_at > now() + $1 * interval '1 millisecond'))
                  )"
             )
             .into(),
@@ -887,8 +891,9 @@ impl Store for PgStore {
         })
     }
 
-    async fn has_pending(&self) -> Result<bool, StoreError> {
+    async fn has_pending(&self, within: Duration) -> Result<bool, StoreError> {
         Ok(sqlx::query_scalar(sql(&self.inner.sql.has_pending))
+            .bind(millis_in_range(within))
             .fetch_one(&self.inner.pool)
             .await?)
     }
@@ -984,6 +989,23 @@ impl Store for PgStore {
         let nudge = self.inner.nudge.clone();
         Some(Box::pin(listen(pool, channel, nudge, token)))
     }
+}
+
+/// The longest error text kept on a row.
+const MAX_ERROR_BYTES: usize = 4_096;
+
+/// An error's text as PostgreSQL's `text` accepts it (no NUL) and at most
+/// [`MAX_ERROR_BYTES`] long: a publisher's message may quote arbitrary bytes.
+fn storable_error(error: &str) -> String {
+    let mut text = error.replace('\0', "\u{fffd}");
+    if text.len() > MAX_ERROR_BYTES {
+        let mut end = MAX_ERROR_BYTES;
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        text.truncate(end);
+    }
+    text
 }
 
 /// `duration` in milliseconds, at most a hundred years (PostgreSQL's intervals and
@@ -1103,7 +1125,7 @@ impl Batch for PgBatch {
             );
             for failure in failed {
                 ids.push(failure.id);
-                errors.push(failure.error);
+                errors.push(storable_error(&failure.error));
                 match failure.next {
                     NextAttempt::After(delay) => {
                         park.push(false);
@@ -1196,5 +1218,20 @@ impl Drop for Guarded {
         {
             drop(conn.detach());
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn error_texts_are_stored_without_nul_and_bounded() {
+        assert_eq!(storable_error("key \0 bytes"), "key \u{fffd} bytes");
+        let long = "é".repeat(MAX_ERROR_BYTES);
+        let stored = storable_error(&long);
+        assert!(stored.len() <= MAX_ERROR_BYTES && stored.len() > MAX_ERROR_BYTES - 2);
+        assert!(stored.chars().all(|c| c == 'é'));
+        assert_eq!(millis_in_range(Duration::MAX), 100 * 365 * 86_400 * 1_000);
     }
 }

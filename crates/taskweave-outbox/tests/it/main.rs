@@ -56,6 +56,7 @@ both_stores! {
     drain_waits_for_a_backoff_but_not_for_a_parked_event;
     retention_deletes_only_dispatched_events_older_than_the_age;
     a_slow_acknowledgement_is_cut_off_and_the_delivered_rest_commits;
+    drain_does_not_wait_for_a_retry_due_after_its_deadline;
 }
 
 /// Crashes at each point of a batch: nothing lost in any case; duplicates only when the

@@ -725,13 +725,22 @@ pub(crate) async fn a_permanent_error_parks_at_once_and_purge_lets_the_key_flow<
         (record.payload == b"bad").then(|| PublishError::permanent("message too large"))
     });
     let token = CancellationToken::new();
-    let relay =
-        Relay::new(h.store(), publisher.clone()).with_poll_interval(Duration::from_millis(20));
+    let relay = Relay::new(h.store(), publisher.clone())
+        .with_poll_interval(Duration::from_millis(20))
+        .with_stats_interval(Some(Duration::from_millis(100)));
     let metrics = relay.metrics();
     let running = tokio::spawn(relay.run(token.clone()));
     let store = h.store();
     eventually("parked", async || {
         store.stats().await.expect("stats").parked == 1
+    })
+    .await;
+    // The relay's own snapshot carries the store's counts, read every 100 ms.
+    eventually("the relay's snapshot", async || {
+        metrics
+            .snapshot()
+            .store
+            .is_some_and(|(stats, _)| (stats.parked, stats.behind_parked) == (1, 1))
     })
     .await;
     let parked = store.parked(10).await.expect("parked");
@@ -910,4 +919,39 @@ pub(crate) async fn a_slow_acknowledgement_is_cut_off_and_the_delivered_rest_com
     assert_eq!(h.pending().await, 1);
     let stats = h.store().stats().await.expect("stats");
     assert_eq!((stats.pending, stats.backing_off), (1, 1), "{stats:?}");
+}
+
+/// A drain stops as drained when the only events left back off past its deadline: it
+/// does not spend the whole deadline waiting for a retry it could not make.
+pub(crate) async fn drain_does_not_wait_for_a_retry_due_after_its_deadline<H: Harness>(h: H) {
+    h.commit(vec![event("later", "1"), event("ok", "2")]).await;
+    let publisher = MemoryPublisher::new();
+    publisher.fail_when(|record| {
+        (record.key == b"later").then(|| PublishError::retriable("leader not available"))
+    });
+    let report = Relay::new(h.store(), publisher.clone())
+        .with_batch_budget(Duration::from_secs(2))
+        .with_retry(RetryPolicy::new().with_initial_delay(Duration::from_secs(3600)))
+        .drain(
+            CancellationToken::new(),
+            Instant::now() + Duration::from_secs(60),
+        )
+        .await;
+    assert_eq!(report.stopped, StopReason::Drained, "{report}");
+    assert_eq!(report.dispatched, 1);
+    let left = report.left.expect("left");
+    assert_eq!((left.pending, left.backing_off), (1, 1), "{left:?}");
+    // With a deadline past the retry, the same store is not drained.
+    assert!(
+        h.store()
+            .has_pending(Duration::from_secs(7200))
+            .await
+            .expect("has_pending")
+    );
+    assert!(
+        !h.store()
+            .has_pending(Duration::from_secs(60))
+            .await
+            .expect("has_pending")
+    );
 }
