@@ -38,6 +38,9 @@ const STALLED_BEFORE_RECOVERY: u32 = 3;
 /// The least time between two recoveries of the publisher.
 const RECOVERY_EVERY: Duration = Duration::from_secs(30);
 
+/// The longest time between two [`Store::release_held_back`] calls.
+const RELEASE_EVERY: Duration = Duration::from_secs(1);
+
 /// How long the relay's report at stop waits for the store's counts.
 const REPORT_STATS_TIMEOUT: Duration = Duration::from_secs(2);
 
@@ -319,6 +322,8 @@ impl<S: Store, P: Publisher> Relay<S, P> {
         let mut stalled = 0_u32;
         let mut last_recovery: Option<Instant> = None;
         let mut stats_due = Instant::now();
+        let mut release_due = Instant::now();
+        let mut released_last = 0_u64;
         tracing::debug!(relay = %self.name, "outbox relay started");
         let stopped = loop {
             if token.is_cancelled() {
@@ -345,6 +350,7 @@ impl<S: Store, P: Publisher> Relay<S, P> {
             if token.is_cancelled() && outcome.as_ref().is_ok_and(|s| s.claimed > 0) {
                 report.finished_batch_after_cancel = true;
             }
+            let recovered = outcome.as_ref().map_or(0, |summary| summary.recovered);
             let wait: Option<Duration> = match outcome {
                 Ok(summary) => {
                     report.add(&summary);
@@ -404,6 +410,10 @@ impl<S: Store, P: Publisher> Relay<S, P> {
                     Some(self.poll_interval)
                 }
             };
+            if recovered > 0 || released_last > 0 || Instant::now() >= release_due {
+                release_due = Instant::now() + RELEASE_EVERY;
+                released_last = self.release_held_back(&mut report).await;
+            }
             if let Some(every) = self.stats_interval
                 && Instant::now() >= stats_due
             {
@@ -445,6 +455,31 @@ impl<S: Store, P: Publisher> Relay<S, P> {
         report.stopped = stopped;
         tracing::debug!(relay = %self.name, stopped = %report.stopped, dispatched = report.dispatched, "outbox relay stopped");
         report
+    }
+
+    /// Gives the store's waiting events whose key recovered back to the claim; returns how
+    /// many (0 after a failure, which is logged and counted).
+    async fn release_held_back(&self, report: &mut RelayReport) -> u64 {
+        let step = self.store.release_held_back(crate::store::RELEASE_STEP);
+        match tokio::time::timeout(self.batch_budget.mul_f64(CLAIM_SHARE), step).await {
+            Ok(Ok(released)) => {
+                if released > 0 {
+                    tracing::debug!(relay = %self.name, released, "outbox events waiting behind a recovered key released");
+                }
+                released
+            }
+            Ok(Err(error)) => {
+                self.store_failed(report, &error);
+                0
+            }
+            Err(_) => {
+                self.store_failed(
+                    report,
+                    &StoreError::TimedOut("releasing waiting events".to_owned()),
+                );
+                0
+            }
+        }
     }
 
     /// Reads the store's counts into the metrics; a parked count that grew is a warning.
@@ -577,6 +612,7 @@ impl<S: Store, P: Publisher> Relay<S, P> {
             let error = match outcome {
                 Outcome::Delivered => {
                     dispatched.push(record.id);
+                    summary.recovered += usize::from(record.attempts > 0);
                     continue;
                 }
                 Outcome::HeldBack => {
@@ -627,6 +663,7 @@ impl<S: Store, P: Publisher> Relay<S, P> {
             Err(error) => {
                 // Published but not marked: these will be published again.
                 summary.commit_failed = true;
+                summary.recovered = 0;
                 summary.parked = 0;
                 summary.backing_off = 0;
                 self.counters.commit_failed(delivered);

@@ -13,6 +13,8 @@ pub struct BatchSummary {
     pub claimed: usize,
     /// Events published and marked dispatched.
     pub dispatched: usize,
+    /// Of `dispatched`: events that had failed before (their key's waiting events can go).
+    pub recovered: usize,
     /// Failed attempts (refused, failed acknowledgement, or no acknowledgement within the
     /// budget): one per key, its first failing event; the key's later events wait.
     pub failed: usize,

@@ -33,6 +33,9 @@ pub struct ClaimLimits {
     pub hold_at_most: Duration,
 }
 
+/// How many waiting events of a key [`Store::release_held_back`] releases in one step.
+pub(crate) const RELEASE_STEP: u32 = 10_000;
+
 /// Counts of what waits in a store (see [`Store::stats`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
@@ -195,6 +198,27 @@ pub trait Store: Send + Sync + 'static {
     ///
     /// The store's failure.
     fn purge_parked(&self, id: i64) -> impl Future<Output = Result<bool, StoreError>> + Send;
+
+    /// Makes claimable again up to `limit` events, per key, that waited behind a failed
+    /// event of their key that is gone (dispatched, retried or purged); returns how many.
+    /// The relay calls it after a batch that delivered an event that had failed, and at
+    /// least every second; a store that keeps no such state (the in-memory one) does
+    /// nothing.
+    ///
+    /// The PostgreSQL store takes the events behind a failed one out of the index the claim
+    /// reads (they *wait*), so a claim never walks a held key's backlog, however long; this
+    /// puts them back, oldest first, in bounded steps.
+    ///
+    /// # Errors
+    ///
+    /// The store's failure.
+    fn release_held_back(
+        &self,
+        limit: u32,
+    ) -> impl Future<Output = Result<u64, StoreError>> + Send {
+        let _ = limit;
+        async { Ok(0) }
+    }
 
     /// Deletes up to `limit` dispatched events dispatched more than `older_than` ago,
     /// oldest dispatch first; returns how many. Never touches a pending or parked event.

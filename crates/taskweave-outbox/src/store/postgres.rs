@@ -265,26 +265,37 @@ fn version_1(schema: &Schema, buckets: u32) -> String {
     )
 }
 
-/// Version 2: failed attempts on the row (count, next attempt, last error, parked), a
-/// partial index on the rows that hold back their key, and one on the dispatch time for
-/// retention.
+/// Version 2: failed attempts on the row (count, next attempt, last error, parked); the
+/// `waiting` flag, set on the events behind a failed event of their key, which takes them
+/// out of the claim's index (`events_ready` replaces `events_pending`) into one of their
+/// own, so a claim never walks a held key's backlog; a partial index on the failed rows
+/// (`events_held`), and one on the dispatch time for retention.
 ///
 /// Adding columns with constant defaults rewrites nothing (PostgreSQL 11+), but `ALTER
 /// TABLE` takes an `ACCESS EXCLUSIVE` lock held to the end of the migration's transaction,
-/// so on a large existing table every read and write of it waits while the two indexes
-/// build. To avoid that, run the four `ADD COLUMN`s yourself (instant), then build the two
+/// so on a large existing table every read and write of it waits while the indexes build.
+/// To avoid that, run the five `ADD COLUMN`s yourself (instant), then build the four
 /// indexes with `CREATE INDEX CONCURRENTLY` under the names below, then migrate: it finds
-/// them (`IF NOT EXISTS`).
+/// them (`IF NOT EXISTS`) and only drops the old one.
 fn version_2(schema: &Schema) -> String {
     let events = schema.events_table();
+    let ready = schema.index("events_ready");
+    let waiting = schema.index("events_waiting");
     let held = schema.index("events_held");
     let dispatched = schema.index("events_dispatched");
+    let old_pending = format!("\"{}\".{}", schema.schema, schema.index("events_pending"));
     format!(
         "ALTER TABLE {events}
              ADD COLUMN IF NOT EXISTS attempts integer NOT NULL DEFAULT 0,
              ADD COLUMN IF NOT EXISTS next_attempt_at timestamptz,
              ADD COLUMN IF NOT EXISTS last_error text,
-             ADD COLUMN IF NOT EXISTS parked_at timestamptz;
+             ADD COLUMN IF NOT EXISTS parked_at timestamptz,
+             ADD COLUMN IF NOT EXISTS waiting boolean NOT NULL DEFAULT false;
+         CREATE INDEX IF NOT EXISTS {ready} ON {events} (bucket, id)
+             WHERE dispatched_at IS NULL AND NOT waiting;
+         CREATE INDEX IF NOT EXISTS {waiting} ON {events} (bucket, key, id)
+             WHERE dispatched_at IS NULL AND waiting;
+         DROP INDEX IF EXISTS {old_pending};
          CREATE INDEX IF NOT EXISTS {held} ON {events} (bucket, key, id)
              WHERE dispatched_at IS NULL AND (next_attempt_at IS NOT NULL OR parked_at IS NOT NULL);
          CREATE INDEX IF NOT EXISTS {dispatched} ON {events} (dispatched_at)
@@ -354,6 +365,8 @@ struct Statements {
     claim_events: Arc<str>,
     mark: Arc<str>,
     record_failures: Arc<str>,
+    mark_waiting: Arc<str>,
+    release: Arc<str>,
     pending: Arc<str>,
     has_pending: Arc<str>,
     stats: Arc<str>,
@@ -414,6 +427,32 @@ impl PgStore {
             .map_err(|_| StoreError::Corrupt(format!("bucket count {buckets} in {meta}")))?;
         let events = schema.events_table();
         let bucket_table = schema.buckets_table();
+        // An earlier row of `o`'s key waits (behind a failed one): `o` waits too. Read on the
+        // small waiting partial index.
+        let behind_waiting = format!(
+            "SELECT 1 FROM {events} w WHERE w.bucket = o.bucket AND w.key = o.key AND w.id < o.id \
+             AND w.dispatched_at IS NULL AND w.waiting"
+        );
+        // The distinct keys with waiting rows, one index descent each (a loose scan of the
+        // waiting index), that have no failed row left: their waiting rows may go.
+        let free_keys = format!(
+            "WITH RECURSIVE k AS (
+                 (SELECT w.bucket, w.key FROM {events} w
+                  WHERE w.dispatched_at IS NULL AND w.waiting ORDER BY w.bucket, w.key LIMIT 1)
+                 UNION ALL
+                 SELECT n.bucket, n.key FROM k CROSS JOIN LATERAL (
+                     SELECT w.bucket, w.key FROM {events} w
+                     WHERE w.dispatched_at IS NULL AND w.waiting AND (w.bucket, w.key) > (k.bucket, k.key)
+                     ORDER BY w.bucket, w.key LIMIT 1
+                 ) n
+             ),
+             free AS (
+                 SELECT k.bucket, k.key FROM k
+                 WHERE NOT EXISTS (SELECT 1 FROM {events} h
+                                   WHERE h.bucket = k.bucket AND h.key = k.key AND h.dispatched_at IS NULL
+                                     AND (h.next_attempt_at IS NOT NULL OR h.parked_at IS NOT NULL))
+             )"
+        );
         let sql = Statements {
             // The key locks and the insert are one statement, so that they are one
             // transaction even on a connection in autocommit (two statements there would
@@ -429,8 +468,12 @@ impl PgStore {
                  notified AS MATERIALIZED (
                      SELECT count(*) AS sent FROM (SELECT pg_notify($9::text, '') WHERE $9::text IS NOT NULL) n
                  )
-                 INSERT INTO {events} (event_id, bucket, topic, key, payload, headers, seq)
-                 SELECT e, b, t, k, p, h, s
+                 INSERT INTO {events} (event_id, bucket, topic, key, payload, headers, seq, waiting)
+                 SELECT e, b, t, k, p, h, s,
+                        EXISTS (SELECT 1 FROM {events} f WHERE f.bucket = b AND f.key = k AND f.dispatched_at IS NULL
+                                AND (f.next_attempt_at IS NOT NULL OR f.parked_at IS NOT NULL))
+                        OR EXISTS (SELECT 1 FROM {events} w WHERE w.bucket = b AND w.key = k
+                                   AND w.dispatched_at IS NULL AND w.waiting)
                  FROM locked, notified,
                       unnest($1::uuid[], $2::int4[], $3::text[], $4::bytea[], $5::bytea[], $6::bytea[], $7::int8[])
                       WITH ORDINALITY AS x(e, b, t, k, p, h, s, n)
@@ -445,9 +488,10 @@ impl PgStore {
                  FROM {bucket_table} b
                  CROSS JOIN LATERAL (
                      SELECT o.id FROM {events} o
-                     WHERE o.bucket = b.bucket AND o.dispatched_at IS NULL
+                     WHERE o.bucket = b.bucket AND o.dispatched_at IS NULL AND NOT o.waiting
                        AND NOT EXISTS (SELECT 1 FROM {events} h
                                        WHERE h.bucket = o.bucket AND h.key = o.key AND h.id <= o.id AND {HOLDS})
+                       AND NOT EXISTS ({behind_waiting})
                      ORDER BY o.id LIMIT 1
                  ) first
                  ORDER BY first.id
@@ -472,9 +516,10 @@ impl PgStore {
                      SELECT o.id, o.event_id, o.bucket, o.topic, o.key, o.payload, o.headers,
                             coalesce(o.seq, o.id) AS seq, o.attempts
                      FROM {events} o
-                     WHERE o.bucket = c.bucket AND o.dispatched_at IS NULL
+                     WHERE o.bucket = c.bucket AND o.dispatched_at IS NULL AND NOT o.waiting
                        AND NOT EXISTS (SELECT 1 FROM {events} h
                                        WHERE h.bucket = o.bucket AND h.key = o.key AND h.id <= o.id AND {HOLDS})
+                       AND NOT EXISTS ({behind_waiting})
                      ORDER BY o.id LIMIT $2
                  ) r
                  ORDER BY r.id
@@ -499,38 +544,88 @@ impl PgStore {
                  WHERE o.id = f.id AND o.dispatched_at IS NULL"
             )
             .into(),
-            pending: format!("SELECT count(*) FROM {events} WHERE dispatched_at IS NULL").into(),
-            // A pending row not held beyond the horizon (`$1` milliseconds from now), nor
-            // behind a row of its key held beyond it.
+            // The events behind each newly failed one wait: out of the claim's index. Found
+            // on the ready index after the failed row (its bucket's recent backlog).
+            mark_waiting: format!(
+                "UPDATE {events} w SET waiting = true
+                 FROM {events} h
+                 WHERE h.id = ANY($1::int8[]) AND w.bucket = h.bucket AND w.key = h.key AND w.id > h.id
+                   AND w.dispatched_at IS NULL AND NOT w.waiting"
+            )
+            .into(),
+            // Up to `$1` waiting rows of each key with no failed row left, oldest first,
+            // back into the claim's index.
+            release: format!(
+                "{free_keys}
+                 UPDATE {events} u SET waiting = false
+                 WHERE u.id IN (
+                     SELECT x.id FROM free f CROSS JOIN LATERAL (
+                         SELECT w.id FROM {events} w
+                         WHERE w.bucket = f.bucket AND w.key = f.key AND w.dispatched_at IS NULL AND w.waiting
+                         ORDER BY w.id LIMIT $1
+                     ) x
+                 )"
+            )
+            .into(),
+            pending: format!(
+                "SELECT (SELECT count(*) FROM {events} WHERE dispatched_at IS NULL AND NOT waiting)
+                      + (SELECT count(*) FROM {events} WHERE dispatched_at IS NULL AND waiting)"
+            )
+            .into(),
+            // A ready row not held beyond the horizon (`$1` milliseconds from now), nor behind
+            // a row of its key held beyond it (a failed row is ready, and its waiting rows
+            // follow it); or waiting rows about to be released.
             has_pending: format!(
-                "SELECT EXISTS (
+                "{free_keys}
+                 SELECT EXISTS (
                      SELECT 1 FROM {events} o
-                     WHERE o.dispatched_at IS NULL
+                     WHERE o.dispatched_at IS NULL AND NOT o.waiting
                        AND NOT EXISTS (SELECT 1 FROM {events} h
                                        WHERE h.bucket = o.bucket AND h.key = o.key AND h.id <= o.id
                                          AND h.dispatched_at IS NULL
                                          AND (h.next_attempt_at IS NOT NULL OR h.parked_at IS NOT NULL)
                                          AND (h.parked_at IS NOT NULL
                                               OR h.next_attempt_at > now() + $1 * interval '1 millisecond'))
-                 )"
+                 ) OR EXISTS (SELECT 1 FROM free)"
             )
             .into(),
-            // Over the pending rows only (the pending partial index), whatever is kept.
+            // The ready rows on the ready index, the waiting ones counted per key on theirs:
+            // the cost follows the pending rows, never the dispatched ones kept.
             stats: format!(
-                "SELECT count(*) FILTER (WHERE o.parked_at IS NULL AND NOT p.behind) AS pending,
-                        count(*) FILTER (WHERE o.parked_at IS NULL AND NOT p.behind AND o.next_attempt_at > now()) AS backing_off,
-                        count(*) FILTER (WHERE o.parked_at IS NOT NULL) AS parked,
-                        count(*) FILTER (WHERE o.parked_at IS NULL AND p.behind) AS behind_parked,
-                        extract(epoch FROM clock_timestamp() - min(o.created_at) FILTER (WHERE o.parked_at IS NULL AND NOT p.behind))::float8 AS lag
-                 FROM {events} o
-                 CROSS JOIN LATERAL (
-                     SELECT EXISTS (SELECT 1 FROM {events} h
-                                    WHERE h.bucket = o.bucket AND h.key = o.key AND h.id < o.id
-                                      AND h.dispatched_at IS NULL
-                                      AND (h.next_attempt_at IS NOT NULL OR h.parked_at IS NOT NULL)
-                                      AND h.parked_at IS NOT NULL) AS behind
-                 ) p
-                 WHERE o.dispatched_at IS NULL"
+                "WITH r AS (
+                     SELECT count(*) FILTER (WHERE o.parked_at IS NULL AND NOT p.behind) AS pending,
+                            count(*) FILTER (WHERE o.parked_at IS NULL AND NOT p.behind AND o.next_attempt_at > now()) AS backing_off,
+                            count(*) FILTER (WHERE o.parked_at IS NOT NULL) AS parked,
+                            count(*) FILTER (WHERE o.parked_at IS NULL AND p.behind) AS behind_parked,
+                            extract(epoch FROM clock_timestamp() - min(o.created_at) FILTER (WHERE o.parked_at IS NULL AND NOT p.behind))::float8 AS lag
+                     FROM {events} o
+                     CROSS JOIN LATERAL (
+                         SELECT EXISTS (SELECT 1 FROM {events} h
+                                        WHERE h.bucket = o.bucket AND h.key = o.key AND h.id < o.id
+                                          AND h.dispatched_at IS NULL
+                                          AND (h.next_attempt_at IS NOT NULL OR h.parked_at IS NOT NULL)
+                                          AND h.parked_at IS NOT NULL) AS behind
+                     ) p
+                     WHERE o.dispatched_at IS NULL AND NOT o.waiting
+                 ),
+                 wk AS (
+                     SELECT w.bucket, w.key, count(*) AS n FROM {events} w
+                     WHERE w.dispatched_at IS NULL AND w.waiting
+                     GROUP BY w.bucket, w.key
+                 ),
+                 wp AS (
+                     SELECT coalesce(sum(x.n) FILTER (WHERE x.parked), 0)::int8 AS behind_parked,
+                            coalesce(sum(x.n) FILTER (WHERE NOT x.parked), 0)::int8 AS waiting
+                     FROM (SELECT wk.n, EXISTS (SELECT 1 FROM {events} h
+                                                WHERE h.bucket = wk.bucket AND h.key = wk.key
+                                                  AND h.dispatched_at IS NULL
+                                                  AND (h.next_attempt_at IS NOT NULL OR h.parked_at IS NOT NULL)
+                                                  AND h.parked_at IS NOT NULL) AS parked
+                           FROM wk) x
+                 )
+                 SELECT r.pending + wp.waiting AS pending, r.backing_off, r.parked,
+                        r.behind_parked + wp.behind_parked AS behind_parked, r.lag
+                 FROM r, wp"
             )
             .into(),
             parked: format!(
@@ -819,6 +914,16 @@ impl PgStore {
     }
 }
 
+impl PgStore {
+    /// After an operator's retry or purge: the first events waiting behind it go back to
+    /// the claim at once (the relays release the rest), and the relays wake.
+    async fn after_unpark(&self) -> Result<(), StoreError> {
+        self.release_held_back(crate::store::RELEASE_STEP).await?;
+        self.inner.nudge.notify();
+        Ok(())
+    }
+}
+
 impl fmt::Debug for PgStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("PgStore")
@@ -944,7 +1049,7 @@ impl Store for PgStore {
             .bind(id)
             .execute(&self.inner.pool)
             .await?;
-        self.inner.nudge.notify();
+        self.after_unpark().await?;
         Ok(done.rows_affected() > 0)
     }
 
@@ -956,7 +1061,7 @@ impl Store for PgStore {
             .bind(key)
             .execute(&self.inner.pool)
             .await?;
-        self.inner.nudge.notify();
+        self.after_unpark().await?;
         Ok(done.rows_affected())
     }
 
@@ -965,8 +1070,16 @@ impl Store for PgStore {
             .bind(id)
             .execute(&self.inner.pool)
             .await?;
-        self.inner.nudge.notify();
+        self.after_unpark().await?;
         Ok(done.rows_affected() > 0)
+    }
+
+    async fn release_held_back(&self, limit: u32) -> Result<u64, StoreError> {
+        let done = sqlx::query(sql(&self.inner.sql.release))
+            .bind(i64::from(limit))
+            .execute(&self.inner.pool)
+            .await?;
+        Ok(done.rows_affected())
     }
 
     async fn delete_dispatched(&self, older_than: Duration, limit: u32) -> Result<u64, StoreError> {
@@ -1142,6 +1255,10 @@ impl Batch for PgBatch {
                 .bind(&errors)
                 .bind(&park)
                 .bind(&delays)
+                .execute(self.conn.get())
+                .await?;
+            sqlx::query(sql(&self.store.sql.mark_waiting))
+                .bind(&ids)
                 .execute(self.conn.get())
                 .await?;
         }

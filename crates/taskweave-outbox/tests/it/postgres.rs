@@ -174,7 +174,7 @@ async fn the_claim_reads_the_pending_partial_index_with_many_dispatched_rows() {
         query.bind(vec![1_i32, 2, 3, 4]).bind(500_i64)
     })
     .await;
-    let index = format!("{}events_pending", "outbox_");
+    let index = format!("{}events_ready", "outbox_");
     assert!(
         plan.contains(&index),
         "the claim must read {index}:\n{plan}"
@@ -570,4 +570,122 @@ async fn a_batch_held_past_its_hold_time_is_cut_off_by_the_server() {
     );
     next.commit(vec![id]).await.unwrap();
     assert_eq!(store.pending().await.unwrap(), 0);
+}
+
+/// A parked key's later events wait outside the claim's index (they are never walked), are
+/// counted as behind the parked one, and go out in order once it is purged; a waiting
+/// event whose key has no failed event left (a writer that raced the relay) is released.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_parked_keys_backlog_waits_outside_the_claims_index() {
+    let store = fresh_store(1, 6).await;
+    crate::support::commit_each(
+        &store,
+        vec![Event::new("orders", "hot", b"poison".to_vec())],
+    )
+    .await;
+    let publisher = taskweave_outbox::MemoryPublisher::new();
+    publisher.fail_when(|record| {
+        (record.payload == b"poison")
+            .then(|| taskweave_outbox::PublishError::permanent("too large"))
+    });
+    let token = tokio_util::sync::CancellationToken::new();
+    let relay = taskweave_outbox::Relay::new(store.clone(), publisher.clone())
+        .with_poll_interval(Duration::from_millis(20));
+    let running = tokio::spawn(relay.run(token.clone()));
+    let until = async |what: &str, done: &mut dyn FnMut() -> bool| {
+        let start = std::time::Instant::now();
+        while !done() {
+            assert!(
+                start.elapsed() < Duration::from_secs(60),
+                "timed out waiting for {what}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    let start = std::time::Instant::now();
+    while store.stats().await.unwrap().parked == 0 {
+        assert!(start.elapsed() < Duration::from_secs(30), "never parked");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // 2,000 events of the parked key and 50 of others, in transactions of 100.
+    let mut hot = Vec::new();
+    let mut all = Vec::new();
+    for i in 0..2_000 {
+        hot.push((b"hot".to_vec(), format!("{i}").into_bytes()));
+        all.push(Event::new("orders", "hot", format!("{i}").into_bytes()));
+        if i % 40 == 0 {
+            all.push(Event::new("orders", format!("other-{i}"), b"x".to_vec()));
+        }
+    }
+    for chunk in all.chunks(100) {
+        let mut tx = store.pool().begin().await.unwrap();
+        store.enqueue_batch(&mut tx, chunk.to_vec()).await.unwrap();
+        store.commit(tx).await.unwrap();
+    }
+    until("the other keys", &mut || publisher.published().len() == 50).await;
+    let events = store.schema().events_table();
+    let waiting: i64 = sqlx::query_scalar(AssertSqlSafe(format!(
+        "SELECT count(*) FROM {events} WHERE dispatched_at IS NULL AND waiting"
+    )))
+    .fetch_one(store.pool())
+    .await
+    .unwrap();
+    assert_eq!(
+        waiting, 2_000,
+        "the parked key's backlog waits out of the claim's index"
+    );
+    let stats = store.stats().await.unwrap();
+    assert_eq!(
+        (stats.pending, stats.parked, stats.behind_parked),
+        (0, 1, 2_000),
+        "{stats:?}"
+    );
+    assert_eq!(store.pending().await.unwrap(), 2_001);
+    assert!(!store.has_pending(Duration::from_secs(3600)).await.unwrap());
+    // The claim's plan walks the ready index and probes the small ones.
+    let plan = explain(&store, store.claim_events_sql(), |query| {
+        query.bind(vec![0_i32]).bind(500_i64)
+    })
+    .await;
+    assert!(
+        plan.contains("events_ready") && plan.contains("events_waiting"),
+        "{plan}"
+    );
+
+    // Purged: the backlog goes back to the claim and out, in order.
+    let parked = store.parked(10).await.unwrap();
+    assert!(store.purge_parked(parked[0].id).await.unwrap());
+    until("the backlog", &mut || publisher.published().len() == 2_050).await;
+    let delivered: Vec<(Vec<u8>, Vec<u8>)> = publisher
+        .published()
+        .into_iter()
+        .filter(|p| p.key == b"hot")
+        .map(|p| (p.key, p.payload))
+        .collect();
+    assert_eq!(crate::support::assert_per_key_order(&hot, &delivered), 0);
+
+    // A waiting event with no failed event ahead of it (as a writer racing the relay's
+    // release can leave one) is released within a second or so, and published.
+    sqlx::query(AssertSqlSafe(format!(
+        "INSERT INTO {events} (event_id, bucket, topic, key, payload, headers, waiting)
+         VALUES (gen_random_uuid(), 0, 'orders', 'lonely', 'x', '\\x00000000', true)"
+    )))
+    .execute(store.pool())
+    .await
+    .unwrap();
+    assert_eq!(store.pending().await.unwrap(), 1);
+    let start = std::time::Instant::now();
+    while store.pending().await.unwrap() > 0 {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "the orphan was never released"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    token.cancel();
+    running.await.unwrap();
+    assert_eq!(
+        publisher.published().last().map(|p| p.key.clone()),
+        Some(b"lonely".to_vec())
+    );
 }
