@@ -42,10 +42,10 @@ const QUEUE_FULL_BACKOFF: Duration = Duration::from_millis(2);
 /// while a new producer on the same brokers gets through at once. When the relay reports
 /// several batches in a row that delivered nothing and timed out, the publisher
 /// ([`Publisher::recover`]) replaces its producer with a new one from the same settings,
-/// if the old one has nothing in flight and is at least 20 s old. Clones share the
-/// producer, so a relay sharing the publisher may still have handed a record to the old one:
-/// every `send` then waits until the old producer has nothing in flight before it hands a
-/// record to the new one, so no message of the old producer can land after one of the new.
+/// if the old one is at least 20 s old. Every `send` then waits until the old producer has
+/// nothing in flight (its records delivered or timed out, within `message.timeout.ms`)
+/// before it hands a record to the new one, so no message of the old producer can land
+/// after one of the new, also when clones of the publisher are used by other relays.
 /// The new producer has a new producer id: a message the old one sent and the broker kept
 /// but never acknowledged is then published twice, which at-least-once delivery allows and
 /// the event id lets consumers drop.
@@ -232,10 +232,8 @@ impl Publisher for KafkaPublisher {
     async fn recover(&self) -> bool {
         {
             let current = self.lock();
-            if current.previous.is_some()
-                || current.producer.in_flight_count() > 0
-                || current.made.elapsed() < RECOVER_AFTER
-            {
+            // Records still in flight on it are fine: sends wait for them (see `Current`).
+            if current.previous.is_some() || current.made.elapsed() < RECOVER_AFTER {
                 return false;
             }
         }

@@ -44,6 +44,9 @@ const RELEASE_EVERY: Duration = Duration::from_secs(1);
 /// How long the relay's report at stop waits for the store's counts.
 const REPORT_STATS_TIMEOUT: Duration = Duration::from_secs(2);
 
+/// How long the relay's stats reader waits for the store's counts.
+const READ_STATS_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// Publishes the events of a [`Store`] through a [`Publisher`], batch after batch.
 ///
 /// One batch is one store transaction: claim up to
@@ -110,7 +113,7 @@ const REPORT_STATS_TIMEOUT: Duration = Duration::from_secs(2);
 /// # }
 /// ```
 pub struct Relay<S, P> {
-    store: S,
+    store: Arc<S>,
     publisher: P,
     name: String,
     batch_size: u32,
@@ -132,7 +135,7 @@ impl<S: Store, P: Publisher> Relay<S, P> {
     /// batch budget and the default [`RetryPolicy`].
     pub fn new(store: S, publisher: P) -> Self {
         Self {
-            store,
+            store: Arc::new(store),
             publisher,
             name: "outbox relay".to_owned(),
             batch_size: 500,
@@ -141,7 +144,7 @@ impl<S: Store, P: Publisher> Relay<S, P> {
             min_poll_interval: Duration::from_millis(10),
             batch_budget: Duration::from_secs(10),
             retry: RetryPolicy::new(),
-            stats_interval: Some(Duration::from_secs(10)),
+            stats_interval: Some(Duration::from_secs(30)),
             shutdown: None,
             counters: Arc::default(),
             #[cfg(feature = "test-hooks")]
@@ -225,8 +228,10 @@ impl<S: Store, P: Publisher> Relay<S, P> {
     }
 
     /// How often the relay reads [`Store::stats`] (pending, lag, parked) into its
-    /// [metrics](Self::metrics) and a `tracing` debug event, between batches (default every
-    /// 10 s; `None`: never). One cheap query over the pending partial index.
+    /// [metrics](Self::metrics) and a `tracing` debug event (default every 30 s; `None`:
+    /// never), on a task of its own, so a slow count never delays a batch. The count reads
+    /// every pending row's index entry (about a second per million pending events on a
+    /// 2-core machine): with many relays and deep backlogs, read it from one of them.
     #[must_use]
     pub fn with_stats_interval(mut self, interval: Option<Duration>) -> Self {
         self.stats_interval = interval;
@@ -315,13 +320,33 @@ impl<S: Store, P: Publisher> Relay<S, P> {
             .store
             .wake_ups(wake_ups_token.clone())
             .map(|listen| taskweave_supervise::spawn(format!("{}: listener", self.name), listen));
+        // The store's counts, read on a task of its own so a slow count never holds a batch.
+        let stats_reader = self.stats_interval.map(|every| {
+            let (store, counters, name) = (
+                Arc::clone(&self.store),
+                Arc::clone(&self.counters),
+                self.name.clone(),
+            );
+            let token = wake_ups_token.clone();
+            taskweave_supervise::spawn(format!("{}: stats", self.name), async move {
+                loop {
+                    read_stats(&*store, &counters, &name).await;
+                    if token
+                        .run_until_cancelled(tokio::time::sleep(every))
+                        .await
+                        .is_none()
+                    {
+                        return;
+                    }
+                }
+            })
+        });
         let mut report = RelayReport::new(self.name.clone());
         let min_poll = self.min_poll_interval.min(self.poll_interval);
         // The next idle wait: short after work, doubling while idle.
         let mut idle_wait = self.poll_interval;
         let mut stalled = 0_u32;
         let mut last_recovery: Option<Instant> = None;
-        let mut stats_due = Instant::now();
         let mut release_due = Instant::now();
         let mut released_last = 0_u64;
         tracing::debug!(relay = %self.name, "outbox relay started");
@@ -387,12 +412,13 @@ impl<S: Store, P: Publisher> Relay<S, P> {
                     // failed, so that a failing key does not slow the others down.
                     if stalled >= STALLED_BEFORE_RECOVERY
                         && last_recovery.is_none_or(|at| at.elapsed() >= RECOVERY_EVERY)
+                        && self.publisher.recover().await
                     {
+                        // A refusal (a transport too young to judge) is asked again after
+                        // the next stalled batch.
                         last_recovery = Some(Instant::now());
                         stalled = 0;
-                        if self.publisher.recover().await {
-                            self.counters.publisher_recovered();
-                        }
+                        self.counters.publisher_recovered();
                     }
                     if stuck {
                         Some(self.poll_interval)
@@ -413,12 +439,6 @@ impl<S: Store, P: Publisher> Relay<S, P> {
             if recovered > 0 || released_last > 0 || Instant::now() >= release_due {
                 release_due = Instant::now() + RELEASE_EVERY;
                 released_last = self.release_held_back(&mut report).await;
-            }
-            if let Some(every) = self.stats_interval
-                && Instant::now() >= stats_due
-            {
-                stats_due = Instant::now() + every;
-                self.read_stats().await;
             }
             match wait {
                 Some(wait) => {
@@ -443,6 +463,9 @@ impl<S: Store, P: Publisher> Relay<S, P> {
         if let Some(listener) = wake_ups {
             // It stops at its next await; a failure of it is logged where it happened.
             drop(listener.await);
+        }
+        if let Some(reader) = stats_reader {
+            drop(reader.await);
         }
         report.left = match tokio::time::timeout(REPORT_STATS_TIMEOUT, self.store.stats()).await {
             Ok(Ok(stats)) => Some(stats),
@@ -478,25 +501,6 @@ impl<S: Store, P: Publisher> Relay<S, P> {
                     &StoreError::TimedOut("releasing waiting events".to_owned()),
                 );
                 0
-            }
-        }
-    }
-
-    /// Reads the store's counts into the metrics; a parked count that grew is a warning.
-    async fn read_stats(&self) {
-        match tokio::time::timeout(REPORT_STATS_TIMEOUT, self.store.stats()).await {
-            Ok(Ok(stats)) => {
-                let before = self.counters.store_stats(stats);
-                tracing::debug!(relay = %self.name, pending = stats.pending, backing_off = stats.backing_off, parked = stats.parked, behind_parked = stats.behind_parked, lag = ?stats.oldest_pending_age, "outbox stats");
-                if stats.parked > before.map_or(0, |b| b.parked) {
-                    tracing::warn!(relay = %self.name, parked = stats.parked, behind_parked = stats.behind_parked, "outbox has parked events: list them with Store::parked, retry or purge them after fixing the cause");
-                }
-            }
-            Ok(Err(error)) => {
-                tracing::debug!(relay = %self.name, %error, "outbox relay could not read the store's counts");
-            }
-            Err(_) => {
-                tracing::debug!(relay = %self.name, "outbox relay's stats query timed out");
             }
         }
     }
@@ -703,6 +707,25 @@ impl<S, P> Relay<S, P> {
     ) -> Self {
         self.hook = Some(Arc::new(hook));
         self
+    }
+}
+
+/// Reads the store's counts into the metrics; a parked count that grew is a warning.
+async fn read_stats<S: Store>(store: &S, counters: &Counters, name: &str) {
+    match tokio::time::timeout(READ_STATS_TIMEOUT, store.stats()).await {
+        Ok(Ok(stats)) => {
+            let before = counters.store_stats(stats);
+            tracing::debug!(relay = %name, pending = stats.pending, backing_off = stats.backing_off, parked = stats.parked, behind_parked = stats.behind_parked, lag = ?stats.oldest_pending_age, "outbox stats");
+            if stats.parked > before.map_or(0, |b| b.parked) {
+                tracing::warn!(relay = %name, parked = stats.parked, behind_parked = stats.behind_parked, "outbox has parked events: list them with Store::parked, retry or purge them after fixing the cause");
+            }
+        }
+        Ok(Err(error)) => {
+            tracing::debug!(relay = %name, %error, "outbox relay could not read the store's counts");
+        }
+        Err(_) => {
+            tracing::debug!(relay = %name, "outbox relay's stats query timed out");
+        }
     }
 }
 

@@ -199,15 +199,18 @@ pub trait Store: Send + Sync + 'static {
     /// The store's failure.
     fn purge_parked(&self, id: i64) -> impl Future<Output = Result<bool, StoreError>> + Send;
 
-    /// Makes claimable again up to `limit` events, per key, that waited behind a failed
-    /// event of their key that is gone (dispatched, retried or purged); returns how many.
+    /// Keeps the events behind held keys out of the claim's way: takes out those written
+    /// since behind a key held long, and makes claimable again up to `limit` events, per
+    /// key, that waited behind a failed event that is gone (dispatched, retried or purged);
+    /// returns how many it made claimable again.
     /// The relay calls it after a batch that delivered an event that had failed, and at
     /// least every second; a store that keeps no such state (the in-memory one) does
     /// nothing.
     ///
-    /// The PostgreSQL store takes the events behind a failed one out of the index the claim
-    /// reads (they *wait*), so a claim never walks a held key's backlog, however long; this
-    /// puts them back, oldest first, in bounded steps.
+    /// The PostgreSQL store takes the events behind a failed event held long (parked, or
+    /// its next attempt 10 s away or more) out of the index the claim reads (they *wait*),
+    /// so a claim never walks a held key's backlog, however long; this puts them back,
+    /// oldest first.
     ///
     /// # Errors
     ///

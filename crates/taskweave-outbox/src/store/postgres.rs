@@ -365,7 +365,9 @@ struct Statements {
     claim_events: Arc<str>,
     mark: Arc<str>,
     record_failures: Arc<str>,
+    mark_waiting_in_batch: Arc<str>,
     mark_waiting: Arc<str>,
+    mark_long_held: Arc<str>,
     release: Arc<str>,
     pending: Arc<str>,
     has_pending: Arc<str>,
@@ -468,12 +470,8 @@ impl PgStore {
                  notified AS MATERIALIZED (
                      SELECT count(*) AS sent FROM (SELECT pg_notify($9::text, '') WHERE $9::text IS NOT NULL) n
                  )
-                 INSERT INTO {events} (event_id, bucket, topic, key, payload, headers, seq, waiting)
-                 SELECT e, b, t, k, p, h, s,
-                        EXISTS (SELECT 1 FROM {events} f WHERE f.bucket = b AND f.key = k AND f.dispatched_at IS NULL
-                                AND (f.next_attempt_at IS NOT NULL OR f.parked_at IS NOT NULL))
-                        OR EXISTS (SELECT 1 FROM {events} w WHERE w.bucket = b AND w.key = k
-                                   AND w.dispatched_at IS NULL AND w.waiting)
+                 INSERT INTO {events} (event_id, bucket, topic, key, payload, headers, seq)
+                 SELECT e, b, t, k, p, h, s
                  FROM locked, notified,
                       unnest($1::uuid[], $2::int4[], $3::text[], $4::bytea[], $5::bytea[], $6::bytea[], $7::int8[])
                       WITH ORDINALITY AS x(e, b, t, k, p, h, s, n)
@@ -544,13 +542,50 @@ impl PgStore {
                  WHERE o.id = f.id AND o.dispatched_at IS NULL"
             )
             .into(),
-            // The events behind each newly failed one wait: out of the claim's index. Found
-            // on the ready index after the failed row (its bucket's recent backlog).
-            mark_waiting: format!(
+            // In the batch's transaction: the batch's own events behind each newly failed one
+            // wait (bounded by the batch: `$2` is its ids).
+            mark_waiting_in_batch: format!(
                 "UPDATE {events} w SET waiting = true
                  FROM {events} h
-                 WHERE h.id = ANY($1::int8[]) AND w.bucket = h.bucket AND w.key = h.key AND w.id > h.id
+                 WHERE h.id = ANY($1::int8[]) AND w.id = ANY($2::int8[])
+                   AND w.bucket = h.bucket AND w.key = h.key AND w.id > h.id
                    AND w.dispatched_at IS NULL AND NOT w.waiting"
+            )
+            .into(),
+            // After the commit, best effort and bounded (a server-side timeout, `$2` rows):
+            // the rest of each failed key's ready backlog waits too. Found on the ready index
+            // after the failed row (its bucket's backlog); a timeout leaves rows ready, which
+            // the claim's probes still skip.
+            mark_waiting: format!(
+                "UPDATE {events} u SET waiting = true
+                 WHERE u.id IN (
+                     SELECT w.id FROM {events} h
+                     CROSS JOIN LATERAL (
+                         SELECT w.id FROM {events} w
+                         WHERE w.bucket = h.bucket AND w.key = h.key AND w.id > h.id
+                           AND w.dispatched_at IS NULL AND NOT w.waiting
+                         ORDER BY w.id LIMIT $2
+                     ) w
+                     WHERE h.id = ANY($1::int8[])
+                 )"
+            )
+            .into(),
+            // Writers do not mark (a probe per insert cost a third of the commit rate): the
+            // relays mark, every second, the ready rows written since behind each failed row
+            // held long. Found on the ready index after it; bounded like the rest.
+            mark_long_held: format!(
+                "UPDATE {events} u SET waiting = true
+                 WHERE u.id IN (
+                     SELECT w.id FROM {events} h
+                     CROSS JOIN LATERAL (
+                         SELECT w.id FROM {events} w
+                         WHERE w.bucket = h.bucket AND w.key = h.key AND w.id > h.id
+                           AND w.dispatched_at IS NULL AND NOT w.waiting
+                         ORDER BY w.id LIMIT $1
+                     ) w
+                     WHERE h.dispatched_at IS NULL AND (h.next_attempt_at IS NOT NULL OR h.parked_at IS NOT NULL)
+                       AND (h.parked_at IS NOT NULL OR h.next_attempt_at > now() + interval '{LONG_HOLD_SECS} seconds')
+                 )"
             )
             .into(),
             // Up to `$1` waiting rows of each key with no failed row left, oldest first,
@@ -589,24 +624,21 @@ impl PgStore {
                  ) OR EXISTS (SELECT 1 FROM free)"
             )
             .into(),
-            // The ready rows on the ready index, the waiting ones counted per key on theirs:
-            // the cost follows the pending rows, never the dispatched ones kept.
+            // Counts on the partial indexes, no probe per ready row: the ready rows, the failed
+            // ones (held index), the waiting ones per key (waiting index, one probe per key),
+            // the ready rows behind a parked one not yet marked waiting (a walk of its
+            // bucket's ready rows after it), and the lag from the oldest ready row of each
+            // bucket that is neither parked nor behind a parked one. The cost follows the
+            // pending rows, never the dispatched ones kept.
             stats: format!(
-                "WITH r AS (
-                     SELECT count(*) FILTER (WHERE o.parked_at IS NULL AND NOT p.behind) AS pending,
-                            count(*) FILTER (WHERE o.parked_at IS NULL AND NOT p.behind AND o.next_attempt_at > now()) AS backing_off,
-                            count(*) FILTER (WHERE o.parked_at IS NOT NULL) AS parked,
-                            count(*) FILTER (WHERE o.parked_at IS NULL AND p.behind) AS behind_parked,
-                            extract(epoch FROM clock_timestamp() - min(o.created_at) FILTER (WHERE o.parked_at IS NULL AND NOT p.behind))::float8 AS lag
-                     FROM {events} o
-                     CROSS JOIN LATERAL (
-                         SELECT EXISTS (SELECT 1 FROM {events} h
-                                        WHERE h.bucket = o.bucket AND h.key = o.key AND h.id < o.id
-                                          AND h.dispatched_at IS NULL
-                                          AND (h.next_attempt_at IS NOT NULL OR h.parked_at IS NOT NULL)
-                                          AND h.parked_at IS NOT NULL) AS behind
-                     ) p
-                     WHERE o.dispatched_at IS NULL AND NOT o.waiting
+                "WITH ready AS (
+                     SELECT count(*) AS n FROM {events} WHERE dispatched_at IS NULL AND NOT waiting
+                 ),
+                 failed AS (
+                     SELECT count(*) FILTER (WHERE h.parked_at IS NOT NULL) AS parked,
+                            count(*) FILTER (WHERE h.parked_at IS NULL AND h.next_attempt_at > now()) AS backing_off
+                     FROM {events} h
+                     WHERE h.dispatched_at IS NULL AND (h.next_attempt_at IS NOT NULL OR h.parked_at IS NOT NULL)
                  ),
                  wk AS (
                      SELECT w.bucket, w.key, count(*) AS n FROM {events} w
@@ -622,10 +654,35 @@ impl PgStore {
                                                   AND (h.next_attempt_at IS NOT NULL OR h.parked_at IS NOT NULL)
                                                   AND h.parked_at IS NOT NULL) AS parked
                            FROM wk) x
+                 ),
+                 stray AS (
+                     SELECT count(*) AS n FROM {events} h
+                     CROSS JOIN LATERAL (
+                         SELECT 1 FROM {events} w
+                         WHERE w.bucket = h.bucket AND w.key = h.key AND w.id > h.id
+                           AND w.dispatched_at IS NULL AND NOT w.waiting
+                     ) x
+                     WHERE h.dispatched_at IS NULL AND (h.next_attempt_at IS NOT NULL OR h.parked_at IS NOT NULL)
+                       AND h.parked_at IS NOT NULL
+                 ),
+                 oldest AS (
+                     SELECT min(f.created_at) AS at FROM {bucket_table} b
+                     CROSS JOIN LATERAL (
+                         SELECT o.created_at FROM {events} o
+                         WHERE o.bucket = b.bucket AND o.dispatched_at IS NULL AND NOT o.waiting
+                           AND o.parked_at IS NULL
+                           AND NOT EXISTS (SELECT 1 FROM {events} h
+                                           WHERE h.bucket = o.bucket AND h.key = o.key AND h.id < o.id
+                                             AND h.dispatched_at IS NULL
+                                             AND (h.next_attempt_at IS NOT NULL OR h.parked_at IS NOT NULL)
+                                             AND h.parked_at IS NOT NULL)
+                         ORDER BY o.id LIMIT 1
+                     ) f
                  )
-                 SELECT r.pending + wp.waiting AS pending, r.backing_off, r.parked,
-                        r.behind_parked + wp.behind_parked AS behind_parked, r.lag
-                 FROM r, wp"
+                 SELECT ready.n - failed.parked - stray.n + wp.waiting AS pending, failed.backing_off, failed.parked,
+                        wp.behind_parked + stray.n AS behind_parked,
+                        extract(epoch FROM clock_timestamp() - oldest.at)::float8 AS lag
+                 FROM ready, failed, wp, stray, oldest"
             )
             .into(),
             parked: format!(
@@ -918,7 +975,11 @@ impl PgStore {
     /// After an operator's retry or purge: the first events waiting behind it go back to
     /// the claim at once (the relays release the rest), and the relays wake.
     async fn after_unpark(&self) -> Result<(), StoreError> {
-        self.release_held_back(crate::store::RELEASE_STEP).await?;
+        // The retry or purge has committed: a failed release only delays the waiting events
+        // to the relays' next release, so it is logged, not returned.
+        if let Err(error) = self.release_held_back(crate::store::RELEASE_STEP).await {
+            tracing::warn!(%error, "outbox could not release the events waiting behind a retried or purged event; the relays will");
+        }
         self.inner.nudge.notify();
         Ok(())
     }
@@ -1004,9 +1065,18 @@ impl Store for PgStore {
     }
 
     async fn stats(&self) -> Result<OutboxStats, StoreError> {
+        // Bounded on the server too, so a count abandoned by its caller does not go on.
+        let mut conn = Guarded::new(self.inner.pool.acquire().await?);
+        let ms = STATS_TIMEOUT.as_millis();
+        sqlx::raw_sql(AssertSqlSafe(format!(
+            "BEGIN; SET LOCAL statement_timeout = {ms}"
+        )))
+        .execute(conn.open())
+        .await?;
         let row = sqlx::query(sql(&self.inner.sql.stats))
-            .fetch_one(&self.inner.pool)
+            .fetch_one(conn.get())
             .await?;
+        conn.commit().await?;
         let count = |name: &str| -> Result<u64, StoreError> {
             let n: i64 = row.try_get(name)?;
             Ok(u64::try_from(n).unwrap_or(0))
@@ -1075,11 +1145,27 @@ impl Store for PgStore {
     }
 
     async fn release_held_back(&self, limit: u32) -> Result<u64, StoreError> {
-        let done = sqlx::query(sql(&self.inner.sql.release))
-            .bind(i64::from(limit))
-            .execute(&self.inner.pool)
-            .await?;
-        Ok(done.rows_affected())
+        let mut conn = Guarded::new(self.inner.pool.acquire().await?);
+        // Mark first (best effort: rows left ready are skipped by the claim's probes), then
+        // release.
+        if let Err(error) = bounded(
+            &mut conn,
+            &self.inner.sql.mark_long_held,
+            MAINTENANCE_TIMEOUT,
+            |query| query.bind(i64::from(limit)),
+        )
+        .await
+        {
+            tracing::debug!(%error, "outbox could not mark the events written behind a held key waiting");
+            conn = Guarded::new(self.inner.pool.acquire().await?);
+        }
+        Ok(bounded(
+            &mut conn,
+            &self.inner.sql.release,
+            MAINTENANCE_TIMEOUT,
+            |query| query.bind(i64::from(limit)),
+        )
+        .await?)
     }
 
     async fn delete_dispatched(&self, older_than: Duration, limit: u32) -> Result<u64, StoreError> {
@@ -1102,6 +1188,42 @@ impl Store for PgStore {
         let nudge = self.inner.nudge.clone();
         Some(Box::pin(listen(pool, channel, nudge, token)))
     }
+}
+
+/// A failed event held at least this long (parked, or its next attempt this far away)
+/// makes its key's later events wait out of the claim's index. A shorter hold does not: a
+/// claim walks what a key gathers in a few seconds for less than marking and releasing
+/// it would cost (transient failures are the common case).
+const LONG_HOLD_SECS: u64 = 10;
+
+/// The server-side bound of [`Store::stats`].
+const STATS_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The server-side bound of a maintenance statement (releasing or marking waiting events).
+const MAINTENANCE_TIMEOUT: Duration = Duration::from_secs(1);
+
+type PgQuery<'q> = sqlx::query::Query<'q, Postgres, sqlx::postgres::PgArguments>;
+
+/// Runs `statement` in a transaction of its own whose `statement_timeout` is `timeout`, so
+/// the server stops it too (a client-side timeout alone would leave it running); returns
+/// the rows it changed.
+async fn bounded<'q>(
+    conn: &mut Guarded,
+    statement: &Arc<str>,
+    timeout: Duration,
+    bind: impl FnOnce(PgQuery<'q>) -> PgQuery<'q>,
+) -> Result<u64, sqlx::Error> {
+    let ms = timeout.as_millis().max(1);
+    sqlx::raw_sql(AssertSqlSafe(format!(
+        "BEGIN; SET LOCAL statement_timeout = {ms}"
+    )))
+    .execute(conn.open())
+    .await?;
+    let done = bind(sqlx::query(sql(statement)))
+        .execute(conn.get())
+        .await?;
+    conn.commit().await?;
+    Ok(done.rows_affected())
 }
 
 /// The longest error text kept on a row.
@@ -1229,6 +1351,15 @@ impl Batch for PgBatch {
                 .await?;
         }
         if !failed.is_empty() {
+            // Only a long hold takes the key's later events out of the claim's index.
+            let long: Vec<i64> = failed
+                .iter()
+                .filter(|failure| match failure.next {
+                    NextAttempt::Park => true,
+                    NextAttempt::After(delay) => delay >= Duration::from_secs(LONG_HOLD_SECS),
+                })
+                .map(|failure| failure.id)
+                .collect();
             let n = failed.len();
             let (mut ids, mut errors, mut park, mut delays) = (
                 Vec::with_capacity(n),
@@ -1257,10 +1388,34 @@ impl Batch for PgBatch {
                 .bind(&delays)
                 .execute(self.conn.get())
                 .await?;
-            sqlx::query(sql(&self.store.sql.mark_waiting))
-                .bind(&ids)
+            if long.is_empty() {
+                self.conn.commit().await?;
+                return Ok(());
+            }
+            let batch: Vec<i64> = self.records.iter().map(|record| record.id).collect();
+            sqlx::query(sql(&self.store.sql.mark_waiting_in_batch))
+                .bind(&long)
+                .bind(&batch)
                 .execute(self.conn.get())
                 .await?;
+            self.conn.commit().await?;
+            // The failed keys' backlog beyond the batch, best effort, on this connection
+            // now out of the transaction.
+            if let Err(error) = bounded(
+                &mut self.conn,
+                &self.store.sql.mark_waiting,
+                MAINTENANCE_TIMEOUT,
+                |query| {
+                    query
+                        .bind(&long)
+                        .bind(i64::from(crate::store::RELEASE_STEP))
+                },
+            )
+            .await
+            {
+                tracing::debug!(%error, "outbox could not mark a failed key's backlog waiting; claims skip it row by row meanwhile");
+            }
+            return Ok(());
         }
         self.conn.commit().await?;
         Ok(())

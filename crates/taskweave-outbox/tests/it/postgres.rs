@@ -215,7 +215,7 @@ async fn the_claim_reads_the_pending_partial_index_with_many_dispatched_rows() {
     // The counts read the pending rows only.
     let plan = explain(&store, store.stats_sql(), |query| query).await;
     assert!(
-        plan.contains(&index) && !plan.contains("Seq Scan on"),
+        plan.contains(&index) && !plan.contains("Seq Scan on outbox_events"),
         "{plan}"
     );
     let stats = store.stats().await.unwrap();
@@ -624,16 +624,24 @@ async fn a_parked_keys_backlog_waits_outside_the_claims_index() {
     }
     until("the other keys", &mut || publisher.published().len() == 50).await;
     let events = store.schema().events_table();
-    let waiting: i64 = sqlx::query_scalar(AssertSqlSafe(format!(
-        "SELECT count(*) FROM {events} WHERE dispatched_at IS NULL AND waiting"
-    )))
-    .fetch_one(store.pool())
-    .await
-    .unwrap();
-    assert_eq!(
-        waiting, 2_000,
-        "the parked key's backlog waits out of the claim's index"
-    );
+    // The relays mark what was written behind the parked key, within a second or so.
+    let start = std::time::Instant::now();
+    loop {
+        let waiting: i64 = sqlx::query_scalar(AssertSqlSafe(format!(
+            "SELECT count(*) FROM {events} WHERE dispatched_at IS NULL AND waiting"
+        )))
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+        if waiting == 2_000 {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "the parked key's backlog never waited: {waiting}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     let stats = store.stats().await.unwrap();
     assert_eq!(
         (stats.pending, stats.parked, stats.behind_parked),
