@@ -686,35 +686,8 @@ async fn claim_with_dispatched_rows(pool: &PgPool) {
                 started.elapsed()
             );
         }
-        // 1,000 pending events over 500 keys, then fresh statistics.
-        sqlx::query(AssertSqlSafe(format!(
-            "INSERT INTO {events} (event_id, bucket, topic, key, payload, headers)
-             SELECT gen_random_uuid(), g % 64, 't', convert_to('key-' || g % 500, 'UTF8'), '\\x00', '\\x00000000'
-             FROM generate_series(1, 1000) g"
-        )))
-        .execute(pool)
-        .await
-        .expect("insert pending");
-        sqlx::query(AssertSqlSafe(format!("VACUUM ANALYZE {events}")))
-            .execute(pool)
-            .await
-            .expect("analyze");
-        let mut times = Vec::new();
-        for _ in 0..200 {
-            let start = Instant::now();
-            let batch = store
-                .claim(ClaimLimits {
-                    buckets: 16,
-                    events: 500,
-                    hold_at_most: Duration::from_secs(10),
-                })
-                .await
-                .expect("claim");
-            assert!(!batch.records().is_empty());
-            batch.commit(Vec::new()).await.expect("release");
-            times.push(start.elapsed().as_secs_f64() * 1000.0);
-        }
-        times.sort_by(f64::total_cmp);
+        pending_and_analyze(pool, &events).await;
+        let times = time_claims(&store, 200, 16, Duration::from_secs(10)).await;
         println!(
             "| {dispatched} | 200 | {:.2} | {:.2} |",
             times[100], times[197]
@@ -737,6 +710,44 @@ async fn claim_with_dispatched_rows(pool: &PgPool) {
         teardown(pool, &store).await;
     }
     claim_behind_a_parked_key(pool).await;
+}
+
+/// 1,000 pending events over 500 keys in `events`, then fresh statistics.
+async fn pending_and_analyze(pool: &PgPool, events: &str) {
+    sqlx::query(AssertSqlSafe(format!(
+        "INSERT INTO {events} (event_id, bucket, topic, key, payload, headers)
+         SELECT gen_random_uuid(), g % 64, 't', convert_to('key-' || g % 500, 'UTF8'), '\\x00', '\\x00000000'
+         FROM generate_series(1, 1000) g"
+    )))
+    .execute(pool)
+    .await
+    .expect("insert pending");
+    sqlx::query(AssertSqlSafe(format!("VACUUM ANALYZE {events}")))
+        .execute(pool)
+        .await
+        .expect("analyze");
+}
+
+/// `claims` claims of up to `buckets` buckets × 500 events, each released at once; their
+/// times in milliseconds, sorted.
+async fn time_claims(store: &PgStore, claims: usize, buckets: u32, hold: Duration) -> Vec<f64> {
+    let mut times = Vec::with_capacity(claims);
+    for _ in 0..claims {
+        let start = Instant::now();
+        let batch = store
+            .claim(ClaimLimits {
+                buckets,
+                events: 500,
+                hold_at_most: hold,
+            })
+            .await
+            .expect("claim");
+        assert!(!batch.records().is_empty());
+        batch.commit(Vec::new()).await.expect("release");
+        times.push(start.elapsed().as_secs_f64() * 1000.0);
+    }
+    times.sort_by(f64::total_cmp);
+    times
 }
 
 /// The claim's time when one parked key has `n` events behind it in one bucket, with 1,000
@@ -765,33 +776,8 @@ async fn claim_behind_a_parked_key(pool: &PgPool) {
         .execute(pool)
         .await
         .expect("insert the parked key");
-        sqlx::query(AssertSqlSafe(format!(
-            "INSERT INTO {events} (event_id, bucket, topic, key, payload, headers)
-             SELECT gen_random_uuid(), g % 64, 't', convert_to('key-' || g % 500, 'UTF8'), '\\x00', '\\x00000000'
-             FROM generate_series(1, 1000) g"
-        )))
-        .execute(pool)
-        .await
-        .expect("insert pending");
-        sqlx::query(AssertSqlSafe(format!("VACUUM ANALYZE {events}")))
-            .execute(pool)
-            .await
-            .expect("analyze");
-        let mut times = Vec::new();
-        for _ in 0..50 {
-            let start = Instant::now();
-            let batch = store
-                .claim(ClaimLimits {
-                    buckets: 64,
-                    events: 500,
-                    hold_at_most: Duration::from_secs(60),
-                })
-                .await
-                .expect("claim");
-            batch.commit(Vec::new()).await.expect("release");
-            times.push(start.elapsed().as_secs_f64() * 1000.0);
-        }
-        times.sort_by(f64::total_cmp);
+        pending_and_analyze(pool, &events).await;
+        let times = time_claims(&store, 50, 64, Duration::from_secs(60)).await;
         println!("| {behind} | {:.2} | {:.2} |", times[25], times[49]);
         teardown(pool, &store).await;
     }

@@ -556,36 +556,17 @@ impl PgStore {
             // the rest of each failed key's ready backlog waits too. Found on the ready index
             // after the failed row (its bucket's backlog); a timeout leaves rows ready, which
             // the claim's probes still skip.
-            mark_waiting: format!(
-                "UPDATE {events} u SET waiting = true
-                 WHERE u.id IN (
-                     SELECT w.id FROM {events} h
-                     CROSS JOIN LATERAL (
-                         SELECT w.id FROM {events} w
-                         WHERE w.bucket = h.bucket AND w.key = h.key AND w.id > h.id
-                           AND w.dispatched_at IS NULL AND NOT w.waiting
-                         ORDER BY w.id LIMIT $2
-                     ) w
-                     WHERE h.id = ANY($1::int8[])
-                 )"
-            )
-            .into(),
+            mark_waiting: mark_behind(&events, "h.id = ANY($1::int8[])", 2).into(),
             // Writers do not mark (a probe per insert cost a third of the commit rate): the
             // relays mark, every second, the ready rows written since behind each failed row
             // held long. Found on the ready index after it; bounded like the rest.
-            mark_long_held: format!(
-                "UPDATE {events} u SET waiting = true
-                 WHERE u.id IN (
-                     SELECT w.id FROM {events} h
-                     CROSS JOIN LATERAL (
-                         SELECT w.id FROM {events} w
-                         WHERE w.bucket = h.bucket AND w.key = h.key AND w.id > h.id
-                           AND w.dispatched_at IS NULL AND NOT w.waiting
-                         ORDER BY w.id LIMIT $1
-                     ) w
-                     WHERE h.dispatched_at IS NULL AND (h.next_attempt_at IS NOT NULL OR h.parked_at IS NOT NULL)
-                       AND (h.parked_at IS NOT NULL OR h.next_attempt_at > now() + interval '{LONG_HOLD_SECS} seconds')
-                 )"
+            mark_long_held: mark_behind(
+                &events,
+                &format!(
+                    "h.dispatched_at IS NULL AND (h.next_attempt_at IS NOT NULL OR h.parked_at IS NOT NULL)
+                     AND (h.parked_at IS NOT NULL OR h.next_attempt_at > now() + interval '{LONG_HOLD_SECS} seconds')"
+                ),
+                1,
             )
             .into(),
             // Up to `$1` waiting rows of each key with no failed row left, oldest first,
@@ -1195,6 +1176,24 @@ impl Store for PgStore {
 /// claim walks what a key gathers in a few seconds for less than marking and releasing
 /// it would cost (transient failures are the common case).
 const LONG_HOLD_SECS: u64 = 10;
+
+/// An update marking `waiting`, for each failed row `h` that `heads` selects, up to `$limit`
+/// of the ready rows of its key after it, found on the ready index.
+fn mark_behind(events: &str, heads: &str, limit: u8) -> String {
+    format!(
+        "UPDATE {events} u SET waiting = true
+         WHERE u.id IN (
+             SELECT w.id FROM {events} h
+             CROSS JOIN LATERAL (
+                 SELECT w.id FROM {events} w
+                 WHERE w.bucket = h.bucket AND w.key = h.key AND w.id > h.id
+                   AND w.dispatched_at IS NULL AND NOT w.waiting
+                 ORDER BY w.id LIMIT ${limit}
+             ) w
+             WHERE {heads}
+         )"
+    )
+}
 
 /// The server-side bound of [`Store::stats`].
 const STATS_TIMEOUT: Duration = Duration::from_secs(10);
