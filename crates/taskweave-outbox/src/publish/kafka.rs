@@ -42,7 +42,7 @@ const QUEUE_FULL_BACKOFF: Duration = Duration::from_millis(2);
 /// while a new producer on the same brokers gets through at once. When the relay reports
 /// several batches in a row that delivered nothing and timed out, the publisher
 /// ([`Publisher::recover`]) replaces its producer with a new one from the same settings,
-/// if the old one is at least 20 s old. Every `send` then waits until the old producer has
+/// if the old one is at least 5 s old. Every `send` then waits until the old producer has
 /// nothing in flight (its records delivered or timed out, within `message.timeout.ms`)
 /// before it hands a record to the new one, so no message of the old producer can land
 /// after one of the new, also when clones of the publisher are used by other relays.
@@ -82,7 +82,7 @@ struct Current {
 
 /// The least age of a producer before `recover` replaces it (two relays sharing one
 /// publisher both asking must not replace a producer nobody has tried).
-const RECOVER_AFTER: Duration = Duration::from_secs(20);
+const RECOVER_AFTER: Duration = Duration::from_secs(5);
 
 /// How long `send` waits between looks while a replaced producer still has records in flight.
 const DRAIN_BACKOFF: Duration = Duration::from_millis(2);
