@@ -66,6 +66,8 @@
 //! ```
 
 mod bucket;
+#[cfg(feature = "kafka")]
+pub mod consume;
 mod error;
 mod event;
 mod headers;

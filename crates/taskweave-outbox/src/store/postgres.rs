@@ -96,6 +96,20 @@ impl Schema {
         self.table("meta")
     }
 
+    /// The consumer inbox's table of applied events, quoted for SQL.
+    pub(crate) fn inbox_table(&self) -> String {
+        self.table("inbox")
+    }
+
+    /// The consumer inbox's table of each key's newest sequence, quoted for SQL.
+    pub(crate) fn inbox_keys_table(&self) -> String {
+        self.table("inbox_keys")
+    }
+
+    pub(crate) fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
     fn table(&self, name: &str) -> String {
         format!("\"{}\".\"{}{name}\"", self.schema, self.prefix)
     }

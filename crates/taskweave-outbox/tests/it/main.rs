@@ -2,6 +2,7 @@
 //! Kafka-protocol broker (see `support.rs` for how they are found or started).
 
 mod auto_traits;
+mod consume;
 mod crash;
 mod kafka;
 mod memory;

@@ -1,0 +1,809 @@
+//! The consuming end: a Kafka consumer runner that hands each message to a handler, in
+//! order per partition and in parallel across partitions, and commits an offset only after
+//! its message was handled (at least once); and, with the `postgres` feature, a
+//! transactional [`Inbox`] that makes a handler's effects in the database happen once.
+
+#[cfg(feature = "postgres")]
+mod inbox;
+mod message;
+mod partition;
+mod report;
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer as _, ConsumerContext, Rebalance};
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::{ClientConfig, ClientContext, Offset, TopicPartitionList};
+use tokio::sync::{Semaphore, oneshot};
+use tokio_util::sync::CancellationToken;
+
+use crate::retry::RetryPolicy;
+use partition::{Counters, Partition, Workers, lock};
+
+#[cfg(feature = "postgres")]
+pub use inbox::{Inbox, InboxHandler, InboxStats, StalePolicy};
+pub use message::{HandleError, Handler, Received};
+pub use partition::{
+    DEAD_LETTER_ATTEMPTS_HEADER, DEAD_LETTER_ERROR_HEADER, DEAD_LETTER_ORIGIN_HEADER, DeadLetter,
+};
+pub use report::{AbandonReason, Abandoned, ConsumerMetrics, ConsumerReport};
+
+/// How long the poll thread waits in one `poll`: also how soon it sees a stop.
+const POLL_TIMEOUT: Duration = Duration::from_millis(50);
+
+/// Why a consumer could not start.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum ConsumeError {
+    /// librdkafka refused the configuration.
+    Config(KafkaError),
+    /// The brokers did not answer within the start-up timeout.
+    Unreachable {
+        /// `bootstrap.servers`.
+        brokers: String,
+        /// librdkafka's error.
+        error: KafkaError,
+    },
+    /// A topic to consume does not exist.
+    UnknownTopic(String),
+    /// No topic was given, or `group.id` is missing.
+    Invalid(String),
+    /// The subscription failed.
+    Subscribe(KafkaError),
+    /// `start` was not called inside a tokio runtime.
+    NoRuntime,
+}
+
+impl fmt::Display for ConsumeError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Config(error) => write!(f, "the consumer's configuration was refused: {error}"),
+            Self::Unreachable { brokers, error } => {
+                write!(f, "the Kafka brokers at {brokers} did not answer: {error}")
+            }
+            Self::UnknownTopic(topic) => write!(f, "topic {topic} does not exist"),
+            Self::Invalid(what) => f.write_str(what),
+            Self::Subscribe(error) => write!(f, "subscribing failed: {error}"),
+            Self::NoRuntime => f.write_str("Consumer::start must be called inside a tokio runtime"),
+        }
+    }
+}
+
+impl std::error::Error for ConsumeError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Self::Config(error) | Self::Subscribe(error) | Self::Unreachable { error, .. } => {
+                Some(error)
+            }
+            _ => None,
+        }
+    }
+}
+
+/// A Kafka consumer group member that runs a [`Handler`] for every message.
+///
+/// # Guarantees
+///
+/// - **Order**: the messages of one partition are handled one at a time, in offset order
+///   (also across a rebalance that gives the partition back to this consumer while a
+///   handler of the old assignment still runs). Partitions are handled in parallel, at most
+///   [`with_max_in_flight`](Self::with_max_in_flight) handlers at once.
+/// - **At least once**: an offset is committed only once its message and every earlier one
+///   of its partition were handled (or dead-lettered). Commits are batched: every
+///   [`with_commit_interval`](Self::with_commit_interval), at a revocation, and at the
+///   stop. After a crash, what was handled since the last commit is delivered again; use
+///   the event id (or the [`Inbox`]) to make that harmless.
+/// - **Failures**: a handler's error or panic is retried with backoff
+///   ([`with_retry`](Self::with_retry), per message); after the last attempt, or at once
+///   for a [permanent](HandleError::permanent) error, the message goes to the dead-letter
+///   topic ([`with_dead_letter`](Self::with_dead_letter)) with the error in
+///   [`DEAD_LETTER_ERROR_HEADER`], and the partition moves on. With no dead-letter topic,
+///   the partition keeps retrying the message at the policy's longest delay: nothing is
+///   skipped silently.
+/// - **Rebalances**: when partitions are revoked, their workers take no further message, the
+///   handlers in flight get [`with_revoke_timeout`](Self::with_revoke_timeout) to finish,
+///   and what finished is committed before the partitions go. A handler that overruns is
+///   reported ([`ConsumerReport::abandoned`]) and its offset is not committed.
+/// - **Stop**: when the token is cancelled (or [`RunningConsumer::stop`] is called) the
+///   consumer stops fetching, lets the handlers in flight finish until the deadline,
+///   commits what finished, and leaves the group (so the partitions move to another member
+///   at once, not after the session timeout).
+///
+/// Handlers run on the tokio runtime that called [`start`](Self::start); librdkafka is
+/// polled on a thread of the consumer's own, so a slow handler never delays the group's
+/// heartbeats or rebalance callbacks.
+///
+/// # Examples
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use taskweave_outbox::consume::{Consumer, HandleError, Received};
+/// use tokio_util::sync::CancellationToken;
+///
+/// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+/// let token = CancellationToken::new();
+/// let consumer = Consumer::new("127.0.0.1:9092", "billing", ["order-events"])
+///     .with_max_in_flight(8)
+///     .start(token.clone(), |message: Received| async move {
+///         let id = message.event_id().ok_or(HandleError::permanent("no event id"))?;
+///         println!("order event {id}");
+///         Ok(())
+///     })
+///     .await?;
+/// // … later, at shutdown:
+/// let report = consumer.stop_within(Duration::from_secs(10)).await;
+/// assert!(report.is_clean(), "{report}");
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct Consumer {
+    config: ClientConfig,
+    topics: Vec<String>,
+    name: String,
+    max_in_flight: usize,
+    max_queued: usize,
+    commit_interval: Duration,
+    revoke_timeout: Duration,
+    stop_budget: Duration,
+    startup_timeout: Duration,
+    retry: RetryPolicy,
+    dead_letter: Option<DeadLetter>,
+}
+
+impl Consumer {
+    /// A consumer in group `group` of `topics`, with [`config`](Self::config).
+    #[must_use]
+    pub fn new<I, T>(brokers: &str, group: &str, topics: I) -> Self
+    where
+        I: IntoIterator<Item = T>,
+        T: Into<String>,
+    {
+        Self::from_config(Self::config(brokers, group), topics)
+    }
+
+    /// The settings the guarantees rest on: `enable.auto.commit=false` and
+    /// `enable.auto.offset.store=false` (the consumer commits itself, after handling), and
+    /// `auto.offset.reset=earliest` (a new group starts at the beginning, so nothing written
+    /// before it joined is skipped).
+    #[must_use]
+    pub fn config(brokers: &str, group: &str) -> ClientConfig {
+        let mut config = ClientConfig::new();
+        config
+            .set("bootstrap.servers", brokers)
+            .set("group.id", group)
+            .set("enable.auto.commit", "false")
+            .set("enable.auto.offset.store", "false")
+            .set("auto.offset.reset", "earliest");
+        config
+    }
+
+    /// A consumer with your own settings (keep `enable.auto.commit=false`: an automatic
+    /// commit would commit messages not yet handled).
+    #[must_use]
+    pub fn from_config<I, T>(config: ClientConfig, topics: I) -> Self
+    where
+        I: IntoIterator<Item = T>,
+        T: Into<String>,
+    {
+        Self {
+            config,
+            topics: topics.into_iter().map(Into::into).collect(),
+            name: "consumer".to_owned(),
+            max_in_flight: 16,
+            max_queued: 1000,
+            commit_interval: Duration::from_secs(1),
+            revoke_timeout: Duration::from_secs(10),
+            stop_budget: Duration::from_secs(10),
+            startup_timeout: Duration::from_secs(10),
+            retry: RetryPolicy::new()
+                .with_max_attempts(5)
+                .with_initial_delay(Duration::from_millis(200))
+                .with_max_delay(Duration::from_secs(30)),
+            dead_letter: None,
+        }
+    }
+
+    /// The name in logs and task names.
+    #[must_use]
+    pub fn with_name(mut self, name: impl Into<String>) -> Self {
+        self.name = name.into();
+        self
+    }
+
+    /// At most `n` handlers at once, over all partitions (default 16).
+    ///
+    /// # Panics
+    ///
+    /// Panics if `n` is zero.
+    #[must_use]
+    pub fn with_max_in_flight(mut self, n: usize) -> Self {
+        assert!(n > 0, "Consumer::with_max_in_flight: must be at least 1");
+        self.max_in_flight = n.min(Semaphore::MAX_PERMITS);
+        self
+    }
+
+    /// A partition whose queue holds `n` messages not yet handled is paused until it drains
+    /// to half (default 1000): memory stays bounded when one partition is slow.
+    ///
+    /// # Panics
+    ///
+    /// Panics if `n` is zero.
+    #[must_use]
+    pub fn with_max_queued_per_partition(mut self, n: usize) -> Self {
+        assert!(
+            n > 0,
+            "Consumer::with_max_queued_per_partition: must be at least 1"
+        );
+        self.max_queued = n;
+        self
+    }
+
+    /// How often handled offsets are committed (default 1 s): also, at most, what is
+    /// delivered again after a crash.
+    #[must_use]
+    pub fn with_commit_interval(mut self, interval: Duration) -> Self {
+        self.commit_interval = interval;
+        self
+    }
+
+    /// How long a revocation waits for the handlers in flight of the revoked partitions
+    /// (default 10 s; keep it below `max.poll.interval.ms`).
+    #[must_use]
+    pub fn with_revoke_timeout(mut self, timeout: Duration) -> Self {
+        self.revoke_timeout = timeout;
+        self
+    }
+
+    /// How long the handlers in flight get when the token is cancelled (default 10 s).
+    /// [`RunningConsumer::stop`] takes its own deadline.
+    #[must_use]
+    pub fn with_stop_budget(mut self, budget: Duration) -> Self {
+        self.stop_budget = budget;
+        self
+    }
+
+    /// How long [`start`](Self::start) waits for the brokers' answer (default 10 s).
+    #[must_use]
+    pub fn with_startup_timeout(mut self, timeout: Duration) -> Self {
+        self.startup_timeout = timeout;
+        self
+    }
+
+    /// How a failing message is retried (default: 5 attempts, 200 ms doubling to 30 s, with
+    /// jitter from the offset). After the last one it is dead-lettered.
+    #[must_use]
+    pub fn with_retry(mut self, policy: RetryPolicy) -> Self {
+        self.retry = policy;
+        self
+    }
+
+    /// Where messages that failed for good go.
+    #[must_use]
+    pub fn with_dead_letter(mut self, dead_letter: DeadLetter) -> Self {
+        self.dead_letter = Some(dead_letter);
+        self
+    }
+
+    /// Joins the group and starts handling: checks that the brokers answer and the topics
+    /// exist (within the start-up timeout), subscribes, and starts the poll thread. It stops
+    /// when `token` is cancelled, giving the handlers in flight the stop budget.
+    ///
+    /// # Errors
+    ///
+    /// [`ConsumeError`]: the configuration refused, the brokers unreachable, a topic
+    /// missing, no topic or no `group.id`, not inside a tokio runtime.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future before it resolves starts nothing (a consumer being created is
+    /// closed again).
+    pub async fn start<H: Handler>(
+        self,
+        token: CancellationToken,
+        handler: H,
+    ) -> Result<RunningConsumer, ConsumeError> {
+        let runtime = tokio::runtime::Handle::try_current().map_err(|_| ConsumeError::NoRuntime)?;
+        if self.topics.is_empty() {
+            return Err(ConsumeError::Invalid(
+                "Consumer: no topic to consume".into(),
+            ));
+        }
+        if self.config.get("group.id").is_none_or(str::is_empty) {
+            return Err(ConsumeError::Invalid(
+                "Consumer: group.id is not set".into(),
+            ));
+        }
+        let counters = Arc::new(Counters::default());
+        let workers = Arc::new(Workers {
+            name: self.name.clone(),
+            handler,
+            permits: Semaphore::new(self.max_in_flight),
+            retry: self.retry,
+            dead_letter: self.dead_letter.clone(),
+            counters: Arc::clone(&counters),
+        });
+        let spawner = runtime.clone();
+        let books = Arc::new(Books {
+            partitions: Mutex::new(HashMap::new()),
+            previous: Mutex::new(HashMap::new()),
+            counters: Arc::clone(&counters),
+            revoke_timeout: self.revoke_timeout,
+            start_worker: Box::new(move |partition, queue, previous| {
+                let workers = Arc::clone(&workers);
+                spawner.spawn(partition::work(workers, partition, queue, previous));
+            }),
+        });
+        let context = Context {
+            books: Arc::clone(&books),
+        };
+        let setup = self.clone();
+        let consumer = tokio::task::spawn_blocking(move || setup.connect(context))
+            .await
+            .map_err(|_| ConsumeError::Invalid("the consumer's set-up panicked".into()))??;
+
+        let control = Arc::new(Control {
+            stop: CancellationToken::new(),
+            deadline: Mutex::new(None),
+        });
+        let (report_tx, report_rx) = oneshot::channel();
+        let poll = PollLoop {
+            consumer,
+            books: Arc::clone(&books),
+            token,
+            control: Arc::clone(&control),
+            commit_interval: self.commit_interval,
+            stop_budget: self.stop_budget,
+            max_queued: self.max_queued,
+            name: self.name.clone(),
+        };
+        let thread = std::thread::Builder::new()
+            .name(format!("{}-poll", self.name))
+            .spawn(move || {
+                let report = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| poll.run()))
+                    .unwrap_or_else(|panic| ConsumerReport {
+                        error: Some(format!(
+                            "the poll thread panicked: {}",
+                            panic_text(panic.as_ref())
+                        )),
+                        ..ConsumerReport::failed()
+                    });
+                let _ = report_tx.send(report);
+            });
+        if let Err(error) = thread {
+            return Err(ConsumeError::Invalid(format!(
+                "cannot start the poll thread: {error}"
+            )));
+        }
+        Ok(RunningConsumer {
+            control,
+            counters,
+            books,
+            report: report_rx,
+        })
+    }
+
+    /// Creates the consumer, checks the brokers and topics, subscribes (blocking).
+    fn connect(&self, context: Context) -> Result<BaseConsumer<Context>, ConsumeError> {
+        let consumer: BaseConsumer<Context> = self
+            .config
+            .create_with_context(context)
+            .map_err(ConsumeError::Config)?;
+        let metadata = consumer
+            .fetch_metadata(None, self.startup_timeout)
+            .map_err(|error| ConsumeError::Unreachable {
+                brokers: self
+                    .config
+                    .get("bootstrap.servers")
+                    .unwrap_or("")
+                    .to_owned(),
+                error,
+            })?;
+        for topic in &self.topics {
+            let known = metadata
+                .topics()
+                .iter()
+                .any(|t| t.name() == topic && t.error().is_none() && !t.partitions().is_empty());
+            if !known {
+                return Err(ConsumeError::UnknownTopic(topic.clone()));
+            }
+        }
+        let topics: Vec<&str> = self.topics.iter().map(String::as_str).collect();
+        consumer
+            .subscribe(&topics)
+            .map_err(ConsumeError::Subscribe)?;
+        Ok(consumer)
+    }
+}
+
+impl fmt::Debug for Consumer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Consumer")
+            .field("name", &self.name)
+            .field("topics", &self.topics)
+            .field("max_in_flight", &self.max_in_flight)
+            .field("commit_interval", &self.commit_interval)
+            .finish_non_exhaustive()
+    }
+}
+
+fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a non-string panic".to_owned())
+}
+
+/// A started consumer.
+///
+/// Dropping it does not stop the consumer: cancel its token, or call
+/// [`stop`](Self::stop).
+pub struct RunningConsumer {
+    control: Arc<Control>,
+    counters: Arc<Counters>,
+    books: Arc<Books>,
+    report: oneshot::Receiver<ConsumerReport>,
+}
+
+impl fmt::Debug for RunningConsumer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RunningConsumer")
+            .field("metrics", &self.metrics())
+            .finish_non_exhaustive()
+    }
+}
+
+impl RunningConsumer {
+    /// The counts so far.
+    #[must_use]
+    pub fn metrics(&self) -> ConsumerMetrics {
+        self.counters.snapshot()
+    }
+
+    /// The partitions assigned now, as `(topic, partition)`.
+    #[must_use]
+    pub fn assignment(&self) -> Vec<(String, i32)> {
+        let mut out: Vec<(String, i32)> = lock(&self.books.partitions).keys().cloned().collect();
+        out.sort();
+        out
+    }
+
+    /// Stops: no further fetch; the handlers in flight get until `deadline`; what finished
+    /// is committed; the consumer leaves the group. Returns the report.
+    ///
+    /// # Cancel safety
+    ///
+    /// The stop is requested when the future is first polled; dropping the future after that
+    /// does not undo it, only loses the report.
+    pub async fn stop(self, deadline: tokio::time::Instant) -> ConsumerReport {
+        *lock(&self.control.deadline) = Some(deadline.into_std());
+        self.control.stop.cancel();
+        self.join().await
+    }
+
+    /// [`stop`](Self::stop) with a deadline `budget` from now.
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`stop`](Self::stop).
+    pub async fn stop_within(self, budget: Duration) -> ConsumerReport {
+        let deadline = tokio::time::Instant::now() + budget;
+        self.stop(deadline).await
+    }
+
+    /// Waits until the consumer has stopped (its token cancelled, or a fatal error), and
+    /// returns the report.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: dropping the future changes nothing but the report's loss.
+    pub async fn join(self) -> ConsumerReport {
+        self.report.await.unwrap_or_else(|_| ConsumerReport {
+            error: Some("the poll thread ended without a report".into()),
+            ..ConsumerReport::failed()
+        })
+    }
+
+    /// Registers a [`taskweave_shutdown`] phase named `name` that stops the consumer within
+    /// the phase's deadline, reports what it gave up as abandoned, and logs the report.
+    /// Returns `false` when the shutdown has started already (the consumer is then left
+    /// running: cancel its token).
+    pub fn register_phase(self, shutdown: &taskweave_shutdown::Shutdown, name: &str) -> bool {
+        let name_owned = name.to_owned();
+        shutdown.phase(name, move |ctx| async move {
+            let report = self.stop(ctx.deadline()).await;
+            for a in &report.abandoned {
+                ctx.abandon(format!(
+                    "{}/{}/{} ({:?})",
+                    a.topic, a.partition, a.offset, a.reason
+                ));
+            }
+            if let Err(error) = &report.final_commit {
+                ctx.abandon(format!("final commit: {error}"));
+            }
+            tracing::info!(consumer = %name_owned, %report, "consumer stopped");
+        })
+    }
+}
+
+impl Counters {
+    fn snapshot(&self) -> ConsumerMetrics {
+        let get = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed);
+        ConsumerMetrics {
+            handled: get(&self.handled),
+            dead_lettered: get(&self.dead_lettered),
+            failed_attempts: get(&self.failed_attempts),
+            panics: get(&self.panics),
+            commits: get(&self.commits),
+            commit_failures: get(&self.commit_failures),
+            assigned: get(&self.assigned),
+            revoked: get(&self.revoked),
+        }
+    }
+}
+
+/// The stop request: a token the poll thread looks at between polls, and the deadline.
+struct Control {
+    stop: CancellationToken,
+    deadline: Mutex<Option<std::time::Instant>>,
+}
+
+type StartWorker = Box<
+    dyn Fn(Arc<Partition>, tokio::sync::mpsc::UnboundedReceiver<Received>, Option<Arc<Partition>>)
+        + Send
+        + Sync,
+>;
+
+/// The assigned partitions, shared by the poll loop and the rebalance callbacks (which run
+/// on the poll thread, inside `poll`).
+struct Books {
+    partitions: Mutex<HashMap<(String, i32), Arc<Partition>>>,
+    /// Partitions revoked while a handler overran: the next assignment's worker waits for
+    /// theirs to finish.
+    previous: Mutex<HashMap<(String, i32), Arc<Partition>>>,
+    counters: Arc<Counters>,
+    revoke_timeout: Duration,
+    start_worker: StartWorker,
+}
+
+impl Books {
+    fn assign(&self, list: &TopicPartitionList) {
+        let mut partitions = lock(&self.partitions);
+        for element in list.elements() {
+            let key = (element.topic().to_owned(), element.partition());
+            if partitions.contains_key(&key) {
+                continue;
+            }
+            let previous = lock(&self.previous)
+                .remove(&key)
+                .filter(|p| !p.finished.is_set());
+            let (partition, queue) = Partition::new(element.topic(), element.partition());
+            partitions.insert(key, Arc::clone(&partition));
+            Counters::add(&self.counters.assigned);
+            (self.start_worker)(partition, queue, previous);
+        }
+    }
+
+    /// Stops the partitions in `list`, waits for their handlers in flight until the revoke
+    /// timeout, and commits what finished (unless the assignment was lost).
+    fn revoke<C: ConsumerContext>(&self, consumer: &BaseConsumer<C>, list: &TopicPartitionList) {
+        let revoked: Vec<Arc<Partition>> = {
+            let mut partitions = lock(&self.partitions);
+            list.elements()
+                .iter()
+                .filter_map(|e| partitions.remove(&(e.topic().to_owned(), e.partition())))
+                .collect()
+        };
+        for partition in &revoked {
+            partition.stop.cancel();
+            Counters::add(&self.counters.revoked);
+        }
+        let until = std::time::Instant::now() + self.revoke_timeout;
+        self.wait_for(&revoked, until);
+        if !consumer.assignment_lost() {
+            let _ = commit(consumer, &revoked, &self.counters);
+        }
+    }
+
+    /// Waits for `partitions`' workers until `until`; reports the handlers that overran and
+    /// keeps their partitions for the next assignment's worker to wait on.
+    fn wait_for(&self, partitions: &[Arc<Partition>], until: std::time::Instant) {
+        for partition in partitions {
+            if partition.finished.wait_until(until) {
+                continue;
+            }
+            if let Some(offset) = *lock(&partition.in_flight) {
+                lock(&self.counters.abandoned).push(Abandoned {
+                    topic: partition.topic.clone(),
+                    partition: partition.partition,
+                    offset,
+                    reason: AbandonReason::Overran,
+                    failed_attempts: 0,
+                });
+            }
+            lock(&self.previous).insert(
+                (partition.topic.clone(), partition.partition),
+                Arc::clone(partition),
+            );
+        }
+    }
+}
+
+/// Commits the handled offsets of `partitions` that moved (synchronously).
+fn commit<C: ConsumerContext>(
+    consumer: &BaseConsumer<C>,
+    partitions: &[Arc<Partition>],
+    counters: &Counters,
+) -> Result<(), KafkaError> {
+    let mut list = TopicPartitionList::new();
+    let mut moved = Vec::new();
+    for partition in partitions {
+        if let Some(offset) = partition.to_commit() {
+            list.add_partition_offset(
+                &partition.topic,
+                partition.partition,
+                Offset::Offset(offset),
+            )?;
+            moved.push((partition, offset));
+        }
+    }
+    if moved.is_empty() {
+        return Ok(());
+    }
+    match consumer.commit(&list, CommitMode::Sync) {
+        Ok(()) => {
+            for (partition, offset) in moved {
+                partition.committed.store(offset, Ordering::Relaxed);
+            }
+            Counters::add(&counters.commits);
+            Ok(())
+        }
+        Err(error) => {
+            Counters::add(&counters.commit_failures);
+            tracing::warn!(%error, "offset commit failed; the next one covers it");
+            Err(error)
+        }
+    }
+}
+
+/// The librdkafka context: rebalance callbacks into the books.
+struct Context {
+    books: Arc<Books>,
+}
+
+impl ClientContext for Context {}
+
+impl ConsumerContext for Context {
+    fn pre_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        match rebalance {
+            Rebalance::Revoke(list) => self.books.revoke(consumer, list),
+            Rebalance::Assign(_) => {}
+            Rebalance::Error(error) => tracing::warn!(%error, "rebalance error"),
+        }
+    }
+
+    fn post_rebalance(&self, _consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        if let Rebalance::Assign(list) = rebalance {
+            self.books.assign(list);
+        }
+    }
+}
+
+/// The poll thread's state.
+struct PollLoop {
+    consumer: BaseConsumer<Context>,
+    books: Arc<Books>,
+    token: CancellationToken,
+    control: Arc<Control>,
+    commit_interval: Duration,
+    stop_budget: Duration,
+    max_queued: usize,
+    name: String,
+}
+
+impl PollLoop {
+    fn run(self) -> ConsumerReport {
+        let mut last_commit = std::time::Instant::now();
+        let mut error = None;
+        while !self.token.is_cancelled() && !self.control.stop.is_cancelled() {
+            self.resume_drained();
+            if last_commit.elapsed() >= self.commit_interval {
+                let _ = commit(&self.consumer, &self.assigned(), &self.books.counters);
+                last_commit = std::time::Instant::now();
+            }
+            match self.consumer.poll(POLL_TIMEOUT) {
+                Some(Ok(message)) => self.route(&message),
+                Some(Err(e)) => {
+                    if e.rdkafka_error_code() == Some(RDKafkaErrorCode::Fatal) {
+                        tracing::error!(consumer = %self.name, error = %e, "fatal consumer error: stopping");
+                        error = Some(e.to_string());
+                        break;
+                    }
+                    tracing::warn!(consumer = %self.name, error = %e, "consumer error");
+                }
+                None => {}
+            }
+        }
+        self.finish(error)
+    }
+
+    fn assigned(&self) -> Vec<Arc<Partition>> {
+        lock(&self.books.partitions).values().cloned().collect()
+    }
+
+    fn route(&self, message: &rdkafka::message::BorrowedMessage<'_>) {
+        use rdkafka::Message as _;
+        let key = (message.topic().to_owned(), message.partition());
+        let Some(partition) = lock(&self.books.partitions).get(&key).cloned() else {
+            // Not (or no longer) ours: not handled, so not committed by us.
+            return;
+        };
+        let queued = partition.push(Received::from_kafka(message));
+        if queued >= self.max_queued && !partition.paused.swap(true, Ordering::Relaxed) {
+            self.set_paused(&partition, true);
+        }
+    }
+
+    fn resume_drained(&self) {
+        for partition in self.assigned() {
+            if partition.paused.load(Ordering::Relaxed)
+                && partition.queued.load(Ordering::Relaxed) <= self.max_queued / 2
+            {
+                partition.paused.store(false, Ordering::Relaxed);
+                self.set_paused(&partition, false);
+            }
+        }
+    }
+
+    fn set_paused(&self, partition: &Partition, pause: bool) {
+        let mut list = TopicPartitionList::new();
+        list.add_partition(&partition.topic, partition.partition);
+        let result = if pause {
+            self.consumer.pause(&list)
+        } else {
+            self.consumer.resume(&list)
+        };
+        if let Err(error) = result {
+            tracing::warn!(consumer = %self.name, %error, pause, "pause/resume failed");
+        }
+    }
+
+    /// The stop: stop fetching, wait for the handlers in flight, commit, leave the group.
+    fn finish(self, error: Option<String>) -> ConsumerReport {
+        let deadline = lock(&self.control.deadline)
+            .take()
+            .unwrap_or_else(|| std::time::Instant::now() + self.stop_budget);
+        let partitions: Vec<Arc<Partition>> = lock(&self.books.partitions)
+            .drain()
+            .map(|(_, p)| p)
+            .collect();
+        if let Ok(assignment) = self.consumer.assignment() {
+            let _ = self.consumer.pause(&assignment);
+        }
+        for partition in &partitions {
+            partition.stop.cancel();
+        }
+        self.books.wait_for(&partitions, deadline);
+        let unstarted = partitions
+            .iter()
+            .map(|p| p.queued.load(Ordering::Relaxed) as u64)
+            .sum();
+        let final_commit =
+            commit(&self.consumer, &partitions, &self.books.counters).map_err(|e| e.to_string());
+        // Leaving the group: the revocation callback finds no partition left to wait for.
+        self.consumer.unsubscribe();
+        drop(self.consumer);
+        ConsumerReport {
+            metrics: self.books.counters.snapshot(),
+            abandoned: std::mem::take(&mut *lock(&self.books.counters.abandoned)),
+            unstarted,
+            final_commit,
+            error,
+        }
+    }
+}

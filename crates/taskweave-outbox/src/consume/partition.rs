@@ -1,0 +1,411 @@
+//! One assigned partition: its queue, its worker task, and its books (what was handled,
+//! what was committed, what is in flight).
+
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
+use std::time::Duration;
+
+use rdkafka::error::KafkaError;
+use rdkafka::message::{Header, OwnedHeaders};
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use tokio::sync::{Notify, Semaphore, mpsc};
+use tokio_util::sync::CancellationToken;
+
+use super::message::{HandleError, Handler, Received};
+use super::report::{AbandonReason, Abandoned};
+use crate::retry::RetryPolicy;
+
+/// The header of a dead-lettered message that holds the handler's last error.
+pub const DEAD_LETTER_ERROR_HEADER: &str = "dead_letter_error";
+/// The header of a dead-lettered message that names where it came from:
+/// `topic/partition/offset`.
+pub const DEAD_LETTER_ORIGIN_HEADER: &str = "dead_letter_origin";
+/// The header of a dead-lettered message that holds how many attempts failed.
+pub const DEAD_LETTER_ATTEMPTS_HEADER: &str = "dead_letter_attempts";
+
+/// Locks, carrying on after a panic elsewhere (the data is plain counters and lists).
+pub(crate) fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// The consumer's counters, shared by the poll thread and the workers.
+#[derive(Default)]
+pub(crate) struct Counters {
+    pub(crate) handled: AtomicU64,
+    pub(crate) dead_lettered: AtomicU64,
+    pub(crate) failed_attempts: AtomicU64,
+    pub(crate) panics: AtomicU64,
+    pub(crate) commits: AtomicU64,
+    pub(crate) commit_failures: AtomicU64,
+    pub(crate) assigned: AtomicU64,
+    pub(crate) revoked: AtomicU64,
+    pub(crate) abandoned: Mutex<Vec<Abandoned>>,
+}
+
+impl Counters {
+    pub(crate) fn add(counter: &AtomicU64) {
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// Set once, when a worker has returned; waited on by the poll thread (blocking) and by the
+/// worker of the same partition's next assignment (async).
+#[derive(Default)]
+pub(crate) struct Finished {
+    done: Mutex<bool>,
+    changed: Condvar,
+    notify: Notify,
+}
+
+impl Finished {
+    fn set(&self) {
+        *lock(&self.done) = true;
+        self.changed.notify_all();
+        self.notify.notify_waiters();
+    }
+
+    pub(crate) fn is_set(&self) -> bool {
+        *lock(&self.done)
+    }
+
+    /// Blocks the calling (non-runtime) thread until set or `until`.
+    pub(crate) fn wait_until(&self, until: std::time::Instant) -> bool {
+        let mut done = lock(&self.done);
+        while !*done {
+            let Some(left) = until.checked_duration_since(std::time::Instant::now()) else {
+                return false;
+            };
+            done = self
+                .changed
+                .wait_timeout(done, left)
+                .unwrap_or_else(PoisonError::into_inner)
+                .0;
+        }
+        true
+    }
+
+    async fn wait(&self) {
+        loop {
+            let notified = self.notify.notified();
+            if self.is_set() {
+                return;
+            }
+            notified.await;
+        }
+    }
+}
+
+/// An assigned partition.
+pub(crate) struct Partition {
+    pub(crate) topic: String,
+    pub(crate) partition: i32,
+    sender: mpsc::UnboundedSender<Received>,
+    /// Messages routed to the worker and not yet taken.
+    pub(crate) queued: AtomicUsize,
+    /// Paused by the poll thread because its queue is full.
+    pub(crate) paused: AtomicBool,
+    /// Cancelled at a revocation or a stop: the worker takes no further message and gives up
+    /// a backoff; the attempt in flight runs to its end.
+    pub(crate) stop: CancellationToken,
+    /// The next offset to commit (the last handled one + 1), or -1.
+    pub(crate) handled: AtomicI64,
+    /// The offset last committed, or -1.
+    pub(crate) committed: AtomicI64,
+    /// The offset of the message being handled.
+    pub(crate) in_flight: Mutex<Option<i64>>,
+    pub(crate) finished: Finished,
+}
+
+impl Partition {
+    /// A partition's books and the receiving end of its queue.
+    pub(crate) fn new(
+        topic: &str,
+        partition: i32,
+    ) -> (Arc<Self>, mpsc::UnboundedReceiver<Received>) {
+        let (sender, receiver) = mpsc::unbounded_channel();
+        let partition = Arc::new(Self {
+            topic: topic.to_owned(),
+            partition,
+            sender,
+            queued: AtomicUsize::new(0),
+            paused: AtomicBool::new(false),
+            stop: CancellationToken::new(),
+            handled: AtomicI64::new(-1),
+            committed: AtomicI64::new(-1),
+            in_flight: Mutex::new(None),
+            finished: Finished::default(),
+        });
+        (partition, receiver)
+    }
+
+    /// Hands a message to the worker; returns the queue's length.
+    pub(crate) fn push(&self, message: Received) -> usize {
+        let queued = self.queued.fetch_add(1, Ordering::Relaxed) + 1;
+        if self.sender.send(message).is_err() {
+            // The worker has returned (stopped): the message is not handled, so its offset is
+            // never committed and it is delivered again.
+            self.queued.fetch_sub(1, Ordering::Relaxed);
+        }
+        queued
+    }
+
+    /// The offset to commit, when it moved past the last commit.
+    pub(crate) fn to_commit(&self) -> Option<i64> {
+        let handled = self.handled.load(Ordering::Acquire);
+        (handled > self.committed.load(Ordering::Relaxed)).then_some(handled)
+    }
+}
+
+/// Where messages that failed for good go.
+#[derive(Clone)]
+pub struct DeadLetter {
+    producer: FutureProducer,
+    topic: String,
+}
+
+impl std::fmt::Debug for DeadLetter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DeadLetter")
+            .field("topic", &self.topic)
+            .finish_non_exhaustive()
+    }
+}
+
+impl DeadLetter {
+    /// Dead-letters to `topic` through `producer` (for instance
+    /// `KafkaPublisher::new(brokers)?.producer()`: idempotent, `acks=all`).
+    #[must_use]
+    pub fn new(producer: FutureProducer, topic: impl Into<String>) -> Self {
+        Self {
+            producer,
+            topic: topic.into(),
+        }
+    }
+
+    /// The dead-letter topic.
+    #[must_use]
+    pub fn topic(&self) -> &str {
+        &self.topic
+    }
+
+    /// Sends `message` with its key, payload and headers, plus the error, origin and attempt
+    /// headers; waits for the acknowledgement.
+    async fn send(
+        &self,
+        message: &Received,
+        error: &HandleError,
+        attempts: u32,
+    ) -> Result<(), KafkaError> {
+        let mut headers = OwnedHeaders::new_with_capacity(message.headers().len() + 3);
+        for (key, value) in message.headers() {
+            headers = headers.insert(Header {
+                key,
+                value: Some(value.as_slice()),
+            });
+        }
+        let origin = format!(
+            "{}/{}/{}",
+            message.topic(),
+            message.partition(),
+            message.offset()
+        );
+        let attempts = attempts.to_string();
+        for (key, value) in [
+            (DEAD_LETTER_ERROR_HEADER, error.message()),
+            (DEAD_LETTER_ORIGIN_HEADER, origin.as_str()),
+            (DEAD_LETTER_ATTEMPTS_HEADER, attempts.as_str()),
+        ] {
+            headers = headers.insert(Header {
+                key,
+                value: Some(value),
+            });
+        }
+        let mut record = FutureRecord::<[u8], [u8]>::to(&self.topic).headers(headers);
+        if let Some(key) = message.key() {
+            record = record.key(key);
+        }
+        if let Some(payload) = message.payload() {
+            record = record.payload(payload);
+        }
+        self.producer
+            .send(record, Duration::from_secs(10))
+            .await
+            .map(|_| ())
+            .map_err(|(error, _)| error)
+    }
+}
+
+/// What every worker shares.
+pub(crate) struct Workers<H> {
+    pub(crate) name: String,
+    pub(crate) handler: H,
+    pub(crate) permits: Semaphore,
+    pub(crate) retry: RetryPolicy,
+    pub(crate) dead_letter: Option<DeadLetter>,
+    pub(crate) counters: Arc<Counters>,
+}
+
+/// The worker of one partition: its messages one at a time, in order.
+pub(crate) async fn work<H: Handler>(
+    workers: Arc<Workers<H>>,
+    partition: Arc<Partition>,
+    mut queue: mpsc::UnboundedReceiver<Received>,
+    previous: Option<Arc<Partition>>,
+) {
+    // The same partition's worker from an earlier assignment may still be running a handler
+    // that overran its revocation: its message comes again here, and must not be handled by
+    // two workers at once.
+    if let Some(previous) = previous {
+        tokio::select! {
+            biased;
+            () = partition.stop.cancelled() => {}
+            () = previous.finished.wait() => {}
+        }
+    }
+    while !partition.stop.is_cancelled() {
+        let message = tokio::select! {
+            biased;
+            () = partition.stop.cancelled() => break,
+            message = queue.recv() => match message {
+                Some(message) => message,
+                None => break,
+            },
+        };
+        partition.queued.fetch_sub(1, Ordering::Relaxed);
+        let offset = message.offset();
+        if handle(&workers, &partition, message).await {
+            partition.handled.store(offset + 1, Ordering::Release);
+        } else {
+            break;
+        }
+    }
+    queue.close();
+    partition.finished.set();
+}
+
+/// Handles one message: the handler, its retries, then the dead-letter topic. `false` when
+/// it was given up at a stop (not handled: it is delivered again).
+async fn handle<H: Handler>(
+    workers: &Workers<H>,
+    partition: &Partition,
+    message: Received,
+) -> bool {
+    let offset = message.offset();
+    let mut failed: u32 = 0;
+    loop {
+        let permit = tokio::select! {
+            biased;
+            () = partition.stop.cancelled() => {
+                // Not started yet (or between retries): delivered again, like a queued one.
+                if failed > 0 {
+                    abandon(workers, partition, offset, AbandonReason::Stopped, failed);
+                }
+                return false;
+            }
+            permit = workers.permits.acquire() => permit.expect("the semaphore is never closed"),
+        };
+        *lock(&partition.in_flight) = Some(offset);
+        let result = taskweave_supervise::catch_panic(
+            format!("{}: handler", workers.name),
+            workers.handler.handle(message.clone()),
+        )
+        .await;
+        *lock(&partition.in_flight) = None;
+        drop(permit);
+        let error = match result {
+            Ok(Ok(())) => {
+                Counters::add(&workers.counters.handled);
+                return true;
+            }
+            Ok(Err(error)) => error,
+            Err(panic) => {
+                Counters::add(&workers.counters.panics);
+                HandleError::retriable(format!("the handler panicked: {}", panic.message()))
+            }
+        };
+        Counters::add(&workers.counters.failed_attempts);
+        failed = failed.saturating_add(1);
+        let exhausted = error.is_permanent() || failed >= workers.retry.max_attempts();
+        if exhausted {
+            if let Some(dead_letter) = &workers.dead_letter {
+                return dead_letter_it(workers, dead_letter, partition, &message, &error, failed)
+                    .await;
+            }
+            tracing::error!(
+                consumer = %workers.name, topic = %message.topic(), partition = message.partition(),
+                offset, attempts = failed, %error,
+                "a message failed for good and no dead-letter topic is set: its partition retries it at the policy's cap"
+            );
+        } else {
+            tracing::warn!(
+                consumer = %workers.name, topic = %message.topic(), partition = message.partition(),
+                offset, attempt = failed, %error, "handler failed; retrying"
+            );
+        }
+        if !pause(partition, workers.retry.delay(offset, failed)).await {
+            abandon(workers, partition, offset, AbandonReason::Stopped, failed);
+            return false;
+        }
+    }
+}
+
+async fn dead_letter_it<H: Handler>(
+    workers: &Workers<H>,
+    dead_letter: &DeadLetter,
+    partition: &Partition,
+    message: &Received,
+    error: &HandleError,
+    attempts: u32,
+) -> bool {
+    let offset = message.offset();
+    let mut tries: u32 = 0;
+    loop {
+        match dead_letter.send(message, error, attempts).await {
+            Ok(()) => {
+                Counters::add(&workers.counters.dead_lettered);
+                tracing::warn!(
+                    consumer = %workers.name, topic = %message.topic(), partition = message.partition(),
+                    offset, attempts, %error, dead_letter_topic = %dead_letter.topic,
+                    "message dead-lettered"
+                );
+                return true;
+            }
+            Err(send_error) => {
+                tries = tries.saturating_add(1);
+                tracing::error!(
+                    consumer = %workers.name, topic = %message.topic(), offset, %send_error,
+                    "dead-lettering failed; retrying (the partition waits)"
+                );
+                if !pause(partition, workers.retry.delay(offset, tries)).await {
+                    abandon(workers, partition, offset, AbandonReason::Stopped, attempts);
+                    return false;
+                }
+            }
+        }
+    }
+}
+
+/// Sleeps `delay` unless the partition stops first (`false`).
+async fn pause(partition: &Partition, delay: Duration) -> bool {
+    tokio::select! {
+        biased;
+        () = partition.stop.cancelled() => false,
+        () = tokio::time::sleep(delay) => true,
+    }
+}
+
+fn abandon<H>(
+    workers: &Workers<H>,
+    partition: &Partition,
+    offset: i64,
+    reason: AbandonReason,
+    failed: u32,
+) {
+    lock(&workers.counters.abandoned).push(Abandoned {
+        topic: partition.topic.clone(),
+        partition: partition.partition,
+        offset,
+        reason,
+        failed_attempts: failed,
+    });
+}

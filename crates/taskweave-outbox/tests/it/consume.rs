@@ -1,0 +1,607 @@
+//! The consuming end against the real broker (tansu) and PostgreSQL: order per partition,
+//! commits after handling, retries and the dead-letter topic, stops, rebalances, the inbox.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use rdkafka::consumer::{BaseConsumer, Consumer as _};
+use rdkafka::message::{Header, OwnedHeaders};
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::{Offset, TopicPartitionList};
+use taskweave_outbox::consume::{
+    AbandonReason, ConsumeError, Consumer, DEAD_LETTER_ERROR_HEADER, DEAD_LETTER_ORIGIN_HEADER,
+    DeadLetter, HandleError, Inbox, Received, RunningConsumer, StalePolicy,
+};
+use taskweave_outbox::{EVENT_ID_HEADER, KafkaPublisher, RetryPolicy, SEQUENCE_HEADER, Schema};
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+use crate::support::{create_topic, kafka_brokers, pool, read_topic, unique_name};
+
+/// A message to produce: key, payload, event id and sequence headers.
+struct Out {
+    key: String,
+    payload: String,
+    event_id: Option<String>,
+    sequence: Option<i64>,
+}
+
+fn out(key: impl Into<String>, payload: impl Into<String>) -> Out {
+    Out {
+        key: key.into(),
+        payload: payload.into(),
+        event_id: Some(unique_name("ev")),
+        sequence: None,
+    }
+}
+
+fn producer() -> FutureProducer {
+    KafkaPublisher::new(&kafka_brokers())
+        .expect("producer")
+        .producer()
+}
+
+async fn produce(topic: &str, messages: &[Out]) {
+    let producer = producer();
+    for m in messages {
+        let mut headers = OwnedHeaders::new();
+        if let Some(id) = &m.event_id {
+            headers = headers.insert(Header {
+                key: EVENT_ID_HEADER,
+                value: Some(id.as_str()),
+            });
+        }
+        let sequence = m.sequence.map(|s| s.to_string());
+        if let Some(seq) = &sequence {
+            headers = headers.insert(Header {
+                key: SEQUENCE_HEADER,
+                value: Some(seq.as_str()),
+            });
+        }
+        producer
+            .send(
+                FutureRecord::to(topic)
+                    .key(&m.key)
+                    .payload(&m.payload)
+                    .headers(headers),
+                Duration::from_secs(10),
+            )
+            .await
+            .expect("produced");
+    }
+}
+
+/// Waits (up to 60 s) until `done` holds.
+async fn eventually(what: &str, mut done: impl FnMut() -> bool) {
+    let start = std::time::Instant::now();
+    while !done() {
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "after 60 s: {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The group's committed offsets for `topic`'s partitions.
+fn committed(group: &str, topic: &str, partitions: i32) -> Vec<i64> {
+    let consumer: BaseConsumer = Consumer::config(&kafka_brokers(), group)
+        .create()
+        .expect("consumer");
+    let mut list = TopicPartitionList::new();
+    for p in 0..partitions {
+        list.add_partition(topic, p);
+    }
+    let offsets = consumer
+        .committed_offsets(list, Duration::from_secs(10))
+        .expect("committed offsets");
+    (0..partitions)
+        .map(
+            |p| match offsets.find_partition(topic, p).expect("listed").offset() {
+                Offset::Offset(o) => o,
+                _ => -1,
+            },
+        )
+        .collect()
+}
+
+type Seen = Arc<Mutex<Vec<(i32, i64, String)>>>;
+
+/// A handler that records (partition, offset, payload) and sleeps `work`.
+fn recorder(
+    seen: &Seen,
+    work: Duration,
+) -> impl Fn(Received) -> futures::future::BoxFuture<'static, Result<(), HandleError>>
++ Send
++ Sync
++ 'static {
+    let seen = Arc::clone(seen);
+    move |m: Received| {
+        let seen = Arc::clone(&seen);
+        Box::pin(async move {
+            tokio::time::sleep(work).await;
+            let payload = String::from_utf8_lossy(m.payload().unwrap_or_default()).into_owned();
+            seen.lock()
+                .unwrap()
+                .push((m.partition(), m.offset(), payload));
+            Ok(())
+        })
+    }
+}
+
+fn fast_retry() -> RetryPolicy {
+    RetryPolicy::new()
+        .with_max_attempts(3)
+        .with_initial_delay(Duration::from_millis(10))
+        .with_max_delay(Duration::from_millis(50))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn partitions_in_parallel_each_in_order_and_committed_after_handling() {
+    let topic = create_topic(3).await;
+    let messages: Vec<Out> = (0..150)
+        .map(|i| out(format!("k{}", i % 15), format!("{i}")))
+        .collect();
+    produce(&topic, &messages).await;
+    let group = unique_name("g");
+    let (running, peak) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let seen: Seen = Arc::default();
+    let record = recorder(&seen, Duration::from_millis(5));
+    let (r, p) = (Arc::clone(&running), Arc::clone(&peak));
+    let consumer = Consumer::new(&kafka_brokers(), &group, [topic.as_str()])
+        .with_max_in_flight(2)
+        .start(CancellationToken::new(), move |m: Received| {
+            let now = r.fetch_add(1, Ordering::SeqCst) + 1;
+            p.fetch_max(now, Ordering::SeqCst);
+            let (done, r) = (record(m), Arc::clone(&r));
+            async move {
+                let result = done.await;
+                r.fetch_sub(1, Ordering::SeqCst);
+                result
+            }
+        })
+        .await
+        .expect("started");
+    eventually("150 handled", || seen.lock().unwrap().len() >= 150).await;
+    let report = consumer.stop_within(Duration::from_secs(10)).await;
+    assert!(report.is_clean(), "{report}");
+    assert_eq!(report.metrics.handled, 150, "{report}");
+
+    let seen = seen.lock().unwrap().clone();
+    let mut per_partition: BTreeMap<i32, Vec<i64>> = BTreeMap::new();
+    for (partition, offset, _) in &seen {
+        per_partition.entry(*partition).or_default().push(*offset);
+    }
+    let mut ends = Vec::new();
+    for p in 0..3 {
+        let offsets = per_partition.remove(&p).unwrap_or_default();
+        // In offset order, each once, from the beginning.
+        assert_eq!(
+            offsets,
+            (0..offsets.len() as i64).collect::<Vec<_>>(),
+            "partition {p}"
+        );
+        ends.push(offsets.len() as i64);
+    }
+    assert_eq!(ends.iter().sum::<i64>(), 150);
+    let peak = peak.load(Ordering::SeqCst);
+    assert!(peak <= 2, "the in-flight limit of 2 was exceeded: {peak}");
+    assert_eq!(peak, 2, "partitions were never handled in parallel");
+    // Everything handled is committed at the stop: the next offset of each partition.
+    assert_eq!(committed(&group, &topic, 3), ends);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failures_are_retried_then_dead_lettered_and_the_partition_moves_on() {
+    let topic = create_topic(1).await;
+    let dead = create_topic(1).await;
+    let payloads = ["a", "flaky", "b", "poison", "c", "panic", "d", "bad", "e"];
+    let messages: Vec<Out> = (0..)
+        .zip(payloads)
+        .map(|(i, p)| Out {
+            sequence: Some(i),
+            ..out("k", p)
+        })
+        .collect();
+    produce(&topic, &messages).await;
+    let seen: Seen = Arc::default();
+    let flaky_failures = Arc::new(AtomicUsize::new(0));
+    let (s, f) = (Arc::clone(&seen), Arc::clone(&flaky_failures));
+    let consumer = Consumer::new(&kafka_brokers(), &unique_name("g"), [topic.as_str()])
+        .with_retry(fast_retry())
+        .with_dead_letter(DeadLetter::new(producer(), &dead))
+        .start(CancellationToken::new(), move |m: Received| {
+            let (s, f) = (Arc::clone(&s), Arc::clone(&f));
+            async move {
+                let payload = String::from_utf8_lossy(m.payload().unwrap_or_default()).into_owned();
+                match payload.as_str() {
+                    "poison" => return Err(HandleError::retriable("poison never works")),
+                    "bad" => return Err(HandleError::permanent("bad input")),
+                    "panic" => panic!("handler exploded on {}", m.offset()),
+                    "flaky" if f.fetch_add(1, Ordering::SeqCst) < 2 => {
+                        return Err(HandleError::retriable("not yet"));
+                    }
+                    _ => {}
+                }
+                s.lock().unwrap().push((m.partition(), m.offset(), payload));
+                Ok(())
+            }
+        })
+        .await
+        .expect("started");
+    eventually("the last message handled", || {
+        seen.lock().unwrap().iter().any(|(_, _, p)| p == "e")
+    })
+    .await;
+    let report = consumer.stop_within(Duration::from_secs(10)).await;
+    assert!(report.is_clean(), "{report}");
+    let handled: Vec<String> = seen
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|(_, _, p)| p.clone())
+        .collect();
+    assert_eq!(handled, ["a", "flaky", "b", "c", "d", "e"]);
+    let m = &report.metrics;
+    assert_eq!(m.dead_lettered, 3, "{report}");
+    // flaky 2, poison 3, panic 3, bad 1 (permanent: no retry).
+    assert_eq!(m.failed_attempts, 9, "{report}");
+    assert_eq!(m.panics, 3, "{report}");
+    assert_eq!(committed(&unique_name("other"), &topic, 1), [-1]);
+
+    let letters =
+        tokio::task::spawn_blocking(move || read_topic(&dead, 1, 3, Duration::from_millis(500)))
+            .await
+            .unwrap();
+    let texts: Vec<(String, String, String)> = letters
+        .iter()
+        .map(|l| {
+            let header = |name: &str| {
+                l.headers
+                    .iter()
+                    .find(|(n, _)| n == name)
+                    .map(|(_, v)| String::from_utf8_lossy(v).into_owned())
+                    .unwrap_or_else(|| panic!("{name} missing"))
+            };
+            (
+                String::from_utf8_lossy(&l.payload).into_owned(),
+                header(DEAD_LETTER_ERROR_HEADER),
+                header(DEAD_LETTER_ORIGIN_HEADER),
+            )
+        })
+        .collect();
+    assert_eq!(texts.len(), 3, "{texts:?}");
+    assert_eq!(texts[0].0, "poison");
+    assert_eq!(texts[0].1, "poison never works");
+    assert_eq!(texts[0].2, format!("{topic}/0/3"));
+    assert_eq!(texts[1].0, "panic");
+    assert!(
+        texts[1].1.contains("handler exploded on 5"),
+        "{}",
+        texts[1].1
+    );
+    assert_eq!(texts[2].0, "bad");
+    assert_eq!(texts[2].1, "bad input");
+    // The original event id travels with the dead letter.
+    assert_eq!(letters[0].event_id, messages[3].event_id.clone().unwrap());
+}
+
+/// A consumer whose handler blocks on `gate` at payload "slow", recording the rest.
+async fn gated(group: &str, topic: &str, gate: &Arc<Notify>, seen: &Seen) -> RunningConsumer {
+    let (gate, seen) = (Arc::clone(gate), Arc::clone(seen));
+    Consumer::new(&kafka_brokers(), group, [topic])
+        .start(CancellationToken::new(), move |m: Received| {
+            let (gate, seen) = (Arc::clone(&gate), Arc::clone(&seen));
+            async move {
+                let payload = String::from_utf8_lossy(m.payload().unwrap_or_default()).into_owned();
+                if payload == "slow" {
+                    seen.lock()
+                        .unwrap()
+                        .push((m.partition(), m.offset(), "started".into()));
+                    gate.notified().await;
+                }
+                seen.lock()
+                    .unwrap()
+                    .push((m.partition(), m.offset(), payload));
+                Ok(())
+            }
+        })
+        .await
+        .expect("started")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stop_lets_the_handler_in_flight_finish_or_reports_it_and_commits_nothing_past_it() {
+    let topic = create_topic(1).await;
+    let payloads = ["a", "b", "slow", "c", "d"];
+    produce(
+        &topic,
+        &payloads.iter().map(|p| out("k", *p)).collect::<Vec<_>>(),
+    )
+    .await;
+
+    // Finishes within the budget: handled and committed; the queued rest is not.
+    let group = unique_name("g");
+    let (gate, seen): (Arc<Notify>, Seen) = (Arc::default(), Arc::default());
+    let consumer = gated(&group, &topic, &gate, &seen).await;
+    eventually("slow started", || {
+        seen.lock().unwrap().iter().any(|s| s.2 == "started")
+    })
+    .await;
+    let release = Arc::clone(&gate);
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        release.notify_one();
+    });
+    let report = consumer.stop_within(Duration::from_secs(10)).await;
+    assert!(report.is_clean(), "{report}");
+    assert_eq!(report.metrics.handled, 3, "{report}");
+    assert_eq!(committed(&group, &topic, 1), [3]);
+
+    // Overruns the budget: reported, and the commit stops before it.
+    let group = unique_name("g");
+    let (gate, seen): (Arc<Notify>, Seen) = (Arc::default(), Arc::default());
+    let consumer = gated(&group, &topic, &gate, &seen).await;
+    eventually("slow started", || {
+        seen.lock().unwrap().iter().any(|s| s.2 == "started")
+    })
+    .await;
+    let report = consumer.stop_within(Duration::from_millis(300)).await;
+    assert_eq!(report.abandoned.len(), 1, "{report}");
+    assert_eq!(report.abandoned[0].offset, 2);
+    assert_eq!(report.abandoned[0].reason, AbandonReason::Overran);
+    assert!(report.final_commit.is_ok(), "{report}");
+    assert_eq!(committed(&group, &topic, 1), [2]);
+    gate.notify_one();
+
+    // The group's next member starts at the abandoned message.
+    let (gate, seen): (Arc<Notify>, Seen) = (Arc::default(), Arc::default());
+    let consumer = gated(&group, &topic, &gate, &seen).await;
+    eventually("slow started again", || {
+        seen.lock().unwrap().iter().any(|s| s.2 == "started")
+    })
+    .await;
+    gate.notify_one();
+    eventually("d handled", || {
+        seen.lock().unwrap().iter().any(|s| s.2 == "d")
+    })
+    .await;
+    let report = consumer.stop_within(Duration::from_secs(10)).await;
+    assert!(report.is_clean(), "{report}");
+    let offsets: Vec<i64> = seen.lock().unwrap().iter().map(|s| s.1).collect();
+    assert_eq!(offsets, [2, 2, 3, 4]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rebalance_commits_what_finished_and_the_new_member_goes_on_from_there() {
+    let topic = create_topic(4).await;
+    let messages: Vec<Out> = (0..400)
+        .map(|i| out(format!("k{}", i % 20), format!("{i}")))
+        .collect();
+    produce(&topic, &messages).await;
+    let group = unique_name("g");
+    let (first_seen, second_seen): (Seen, Seen) = (Arc::default(), Arc::default());
+    // Heartbeats every 200 ms: the first member hears of the second one soon.
+    let member = |name: &str| {
+        let mut config = Consumer::config(&kafka_brokers(), &group);
+        config.set("heartbeat.interval.ms", "200");
+        Consumer::from_config(config, [topic.as_str()]).with_name(name)
+    };
+    let first = member("first")
+        .start(
+            CancellationToken::new(),
+            recorder(&first_seen, Duration::from_millis(25)),
+        )
+        .await
+        .expect("first started");
+    eventually("the first member handling", || {
+        first_seen.lock().unwrap().len() >= 20
+    })
+    .await;
+    let second = member("second")
+        .start(
+            CancellationToken::new(),
+            recorder(&second_seen, Duration::from_millis(25)),
+        )
+        .await
+        .expect("second started");
+    let all = |a: &Seen, b: &Seen| {
+        let mut set: HashSet<(i32, i64)> = HashSet::new();
+        for s in a.lock().unwrap().iter().chain(b.lock().unwrap().iter()) {
+            set.insert((s.0, s.1));
+        }
+        set.len()
+    };
+    eventually("400 handled between them", || {
+        all(&first_seen, &second_seen) >= 400
+    })
+    .await;
+    let (a, b) = tokio::join!(
+        first.stop_within(Duration::from_secs(10)),
+        second.stop_within(Duration::from_secs(10))
+    );
+    assert!(a.is_clean() && b.is_clean(), "{a}\n{b}");
+    assert!(
+        a.metrics.revoked >= 1,
+        "the first member never gave up a partition: {a}"
+    );
+    assert!(
+        b.metrics.handled > 0,
+        "the second member handled nothing: {b}"
+    );
+    // Per member and partition, in offset order; and nobody handled a message twice: the
+    // revocation committed what the first member finished.
+    let mut count: HashMap<(i32, i64), usize> = HashMap::new();
+    for seen in [&first_seen, &second_seen] {
+        let mut last: HashMap<i32, i64> = HashMap::new();
+        for (p, o, _) in seen.lock().unwrap().iter() {
+            if let Some(prev) = last.insert(*p, *o) {
+                assert!(prev < *o, "partition {p}: {o} after {prev}");
+            }
+            *count.entry((*p, *o)).or_default() += 1;
+        }
+    }
+    let twice: Vec<_> = count.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(twice.is_empty(), "handled twice: {twice:?}");
+    assert_eq!(count.len(), 400);
+}
+
+type Apply = dyn for<'c> Fn(&'c mut sqlx::PgConnection, &'c Received) -> BoxFuture<'c, Result<(), HandleError>>
+    + Send
+    + Sync;
+
+/// The inbox handler of the test: upserts the product, counting its applications.
+fn apply_products(products: String) -> Arc<Apply> {
+    Arc::new(move |tx: &mut sqlx::PgConnection, m: &Received| {
+        let sql = format!(
+            "INSERT INTO {products} (key, name, applied) VALUES ($1, $2, 1)
+             ON CONFLICT (key) DO UPDATE SET name = EXCLUDED.name, applied = {products}.applied + 1"
+        );
+        let key = String::from_utf8_lossy(m.key().unwrap_or_default()).into_owned();
+        let name = String::from_utf8_lossy(m.payload().unwrap_or_default()).into_owned();
+        Box::pin(async move {
+            sqlx::query(sqlx::AssertSqlSafe(sql))
+                .bind(key)
+                .bind(name)
+                .execute(&mut *tx)
+                .await?;
+            Ok(())
+        })
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_inbox_applies_an_event_once_across_redeliveries_and_skips_stale_ones() {
+    let db = pool(4).await;
+    let schema = Schema::new(&unique_name("inbox"));
+    Inbox::migrate(&db, &schema).await.expect("migrate");
+    Inbox::migrate(&db, &schema).await.expect("migrate twice");
+    let products = format!("\"{}\".products", schema.schema());
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "CREATE TABLE {products} (key text PRIMARY KEY, name text NOT NULL, applied int NOT NULL)"
+    )))
+    .execute(&db)
+    .await
+    .unwrap();
+
+    let topic = create_topic(2).await;
+    let dead = create_topic(1).await;
+    let mut messages: Vec<Out> = (0..20)
+        .map(|i| Out {
+            sequence: Some(i),
+            ..out(format!("p{}", i % 5), format!("name-{i}"))
+        })
+        .collect();
+    // An older state of p0 after its newer ones, and a message without an event id.
+    messages.push(Out {
+        sequence: Some(1),
+        ..out("p0", "stale")
+    });
+    messages.push(Out {
+        event_id: None,
+        ..out("p1", "anonymous")
+    });
+    produce(&topic, &messages).await;
+
+    let apply = apply_products(products.clone());
+    let run = |group: String, inbox: Inbox| {
+        let (topic, dead, apply) = (topic.clone(), dead.clone(), apply.clone());
+        async move {
+            let stats = inbox.clone();
+            let consumer = Consumer::new(&kafka_brokers(), &group, [topic.as_str()])
+                .with_retry(fast_retry())
+                .with_dead_letter(DeadLetter::new(producer(), &dead))
+                .start(
+                    CancellationToken::new(),
+                    inbox.handler(move |tx, m| apply(tx, m)),
+                )
+                .await
+                .expect("started");
+            eventually("every message seen", || {
+                let s = stats.stats();
+                let m = consumer.metrics();
+                s.applied + s.duplicates + s.stale >= 21 && m.dead_lettered == 1
+            })
+            .await;
+            let report = consumer.stop_within(Duration::from_secs(10)).await;
+            assert!(report.is_clean(), "{report}");
+            stats.stats()
+        }
+    };
+    let inbox = Inbox::new(db.clone(), &schema, "products").with_stale_policy(StalePolicy::Skip);
+    let first = run(unique_name("g"), inbox.clone()).await;
+    assert_eq!((first.applied, first.duplicates, first.stale), (20, 0, 1));
+    let rows: Vec<(String, String, i32)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "SELECT key, name, applied FROM {products} ORDER BY key"
+    )))
+    .fetch_all(&db)
+    .await
+    .unwrap();
+    assert_eq!(rows.len(), 5);
+    for (key, name, applied) in &rows {
+        assert_eq!(*applied, 4, "{key}");
+        let last = 15 + key[1..].parse::<i32>().unwrap();
+        assert_eq!(
+            name,
+            &format!("name-{last}"),
+            "the stale state must not win"
+        );
+    }
+    assert!(
+        inbox
+            .contains(messages[0].event_id.as_deref().unwrap())
+            .await
+            .unwrap()
+    );
+
+    // Every event again (a new group reads from the beginning: a redelivery of all of
+    // them): nothing changes.
+    let again = Inbox::new(db.clone(), &schema, "products").with_stale_policy(StalePolicy::Skip);
+    let second = run(unique_name("g"), again).await;
+    assert_eq!(
+        (second.applied, second.duplicates, second.stale),
+        (0, 21, 0)
+    );
+    let after: Vec<(String, String, i32)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "SELECT key, name, applied FROM {products} ORDER BY key"
+    )))
+    .fetch_all(&db)
+    .await
+    .unwrap();
+    assert_eq!(after, rows);
+    assert_eq!(inbox.purge_before(Duration::ZERO, 1000).await.unwrap(), 21);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn start_refuses_unreachable_brokers_and_unknown_topics_clearly() {
+    let unreachable = Consumer::new("127.0.0.1:1", "g", ["t"])
+        .with_startup_timeout(Duration::from_millis(500))
+        .start(CancellationToken::new(), |_m: Received| async { Ok(()) })
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(unreachable, ConsumeError::Unreachable { .. }),
+        "{unreachable}"
+    );
+    assert!(
+        unreachable.to_string().contains("127.0.0.1:1"),
+        "{unreachable}"
+    );
+    let missing = unique_name("missing");
+    let unknown = Consumer::new(&kafka_brokers(), "g", [missing.as_str()])
+        .start(CancellationToken::new(), |_m: Received| async { Ok(()) })
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&unknown, ConsumeError::UnknownTopic(t) if *t == missing),
+        "{unknown}"
+    );
+    let none = Consumer::new(&kafka_brokers(), "g", Vec::<String>::new())
+        .start(CancellationToken::new(), |_m: Received| async { Ok(()) })
+        .await
+        .unwrap_err();
+    assert!(matches!(none, ConsumeError::Invalid(_)), "{none}");
+}
