@@ -9,6 +9,7 @@
 //!   `{"id": N}`. A malformed body is a `400` with a message, and nothing is written.
 //! - `GET /orders/{id}`: the order, or `404`. `GET /products/{sku}`: a product as the
 //!   consumer applied it (`applied` counts how many events changed it).
+//! - `GET /stats`: the relay's, the consumer's and the inbox's counts, as JSON.
 //! - `GET /readyz`: `200` until the shutdown starts, then `503`; `GET /healthz`: `200`.
 //!
 //! The shutdown (the seed's `readiness → cancel → srv.Shutdown → wg.Wait → producer.Close →
@@ -55,8 +56,10 @@ use rdkafka::producer::Producer;
 use serde_json::{Value, json};
 use sqlx::postgres::PgPoolOptions;
 use sqlx::{AssertSqlSafe, PgConnection, PgPool};
-use taskweave::outbox::consume::{Consumer, DeadLetter, HandleError, Inbox, Received, StalePolicy};
-use taskweave::outbox::{Event, KafkaPublisher, PgStore, Relay, Schema, hooks};
+use taskweave::outbox::consume::{
+    Consumer, ConsumerMetricsHandle, DeadLetter, HandleError, Inbox, Received, StalePolicy,
+};
+use taskweave::outbox::{Event, KafkaPublisher, PgStore, Relay, RelayMetricsHandle, Schema, hooks};
 use taskweave::periodic::Periodic;
 use taskweave_shutdown::{PhaseContext, Shutdown};
 use tokio::time::Instant;
@@ -85,7 +88,9 @@ impl Config {
     fn from_args() -> Result<Config, String> {
         let mut config = Config {
             database_url: std::env::var("DATABASE_URL").ok().filter(|v| !v.is_empty()),
-            kafka_brokers: std::env::var("KAFKA_BROKERS").ok().filter(|v| !v.is_empty()),
+            kafka_brokers: std::env::var("KAFKA_BROKERS")
+                .ok()
+                .filter(|v| !v.is_empty()),
             addr: "127.0.0.1:3000".to_owned(),
             schema: "order_service".to_owned(),
             topic_prefix: String::new(),
@@ -130,10 +135,14 @@ impl Config {
         let plain = |s: &str| {
             !s.is_empty()
                 && s.len() <= 48
-                && s.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+                && s.bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
         };
         if !plain(&config.schema) {
-            return Err(format!("--schema {:?}: use [a-z0-9_], at most 48 bytes", config.schema));
+            return Err(format!(
+                "--schema {:?}: use [a-z0-9_], at most 48 bytes",
+                config.schema
+            ));
         }
         if config.budget.is_zero() {
             return Err("--budget-ms must be above 0".into());
@@ -152,6 +161,9 @@ const START_SERVICES: &str = "start the throwaway PostgreSQL and broker that scr
 #[derive(Clone)]
 struct App {
     store: PgStore,
+    consumer: ConsumerMetricsHandle,
+    inbox: Inbox,
+    relay: RelayMetricsHandle,
     orders_table: Arc<str>,
     products_table: Arc<str>,
     order_topic: Arc<str>,
@@ -187,10 +199,14 @@ fn main() -> ExitCode {
 /// not there, instead of a hang.
 async fn open(config: &Config) -> Result<(PgPool, KafkaPublisher, String), String> {
     let Some(url) = config.database_url.clone() else {
-        return Err(format!("DATABASE_URL is not set (or pass --database-url): {START_SERVICES}"));
+        return Err(format!(
+            "DATABASE_URL is not set (or pass --database-url): {START_SERVICES}"
+        ));
     };
     let Some(brokers) = config.kafka_brokers.clone() else {
-        return Err(format!("KAFKA_BROKERS is not set (or pass --kafka-brokers): {START_SERVICES}"));
+        return Err(format!(
+            "KAFKA_BROKERS is not set (or pass --kafka-brokers): {START_SERVICES}"
+        ));
     };
     let pool = PgPoolOptions::new()
         .max_connections(8)
@@ -211,8 +227,8 @@ async fn open(config: &Config) -> Result<(PgPool, KafkaPublisher, String), Strin
         rdkafka::consumer::Consumer::fetch_metadata(&probe, None, Duration::from_secs(5))
     })
     .await
-        .map_err(|e| e.to_string())?
-        .map_err(|e| format!("cannot reach the Kafka broker at {brokers}: {e}\n{START_SERVICES}"))?;
+    .map_err(|e| e.to_string())?
+    .map_err(|e| format!("cannot reach the Kafka broker at {brokers}: {e}\n{START_SERVICES}"))?;
     let topics: Vec<String> = ["order-events", "product-events", "product-events-dlq"]
         .iter()
         .map(|t| config.topic(t))
@@ -222,7 +238,10 @@ async fn open(config: &Config) -> Result<(PgPool, KafkaPublisher, String), Strin
         .map(|t| NewTopic::new(t, 3, TopicReplication::Fixed(1)))
         .collect();
     let created = admin
-        .create_topics(&new, &AdminOptions::new().operation_timeout(Some(Duration::from_secs(10))))
+        .create_topics(
+            &new,
+            &AdminOptions::new().operation_timeout(Some(Duration::from_secs(10))),
+        )
         .await
         .map_err(|e| format!("creating the topics on {brokers}: {e}"))?;
     for result in created {
@@ -316,6 +335,7 @@ async fn serve(config: Config) -> Result<ExitCode, String> {
             })
         });
     }
+    let relay_metrics = relay.metrics();
     let relay_task = AbortOnDropHandle::new(tokio::spawn(relay.run(background.clone())));
 
     let products_table: Arc<str> = format!("\"{}\".products", config.schema).into();
@@ -330,7 +350,9 @@ async fn serve(config: Config) -> Result<ExitCode, String> {
         ))
         .start(
             background.clone(),
-            inbox.handler(move |tx, message| apply_product(Arc::clone(&table), tx, message)),
+            inbox
+                .clone()
+                .handler(move |tx, message| apply_product(Arc::clone(&table), tx, message)),
         )
         .await
         .map_err(|e| format!("the product-events consumer: {e}"))?;
@@ -348,6 +370,9 @@ async fn serve(config: Config) -> Result<ExitCode, String> {
 
     let app = App {
         store: store.clone(),
+        consumer: consumer.metrics_handle(),
+        inbox,
+        relay: relay_metrics,
         orders_table,
         products_table,
         order_topic: order_topic.into(),
@@ -356,6 +381,7 @@ async fn serve(config: Config) -> Result<ExitCode, String> {
         .route("/orders", post(create_order))
         .route("/orders/{id}", get(get_order))
         .route("/products/{sku}", get(get_product))
+        .route("/stats", get(stats))
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", shutdown.readiness().axum_handler())
         .with_state(app);
@@ -432,7 +458,9 @@ async fn serve(config: Config) -> Result<ExitCode, String> {
         tokio::join!(relay, consumer, cleaner);
     });
     if config.hang_phase {
-        shutdown.phase("stuck exporter", |_ctx: PhaseContext| std::future::pending::<()>());
+        shutdown.phase("stuck exporter", |_ctx: PhaseContext| {
+            std::future::pending::<()>()
+        });
     }
 
     let report = shutdown.run().await;
@@ -482,7 +510,9 @@ fn apply_product<'c>(
             body["name"].as_str(),
             body["price_cents"].as_i64(),
         ) else {
-            return Err(HandleError::permanent("a product needs sku, name and price_cents"));
+            return Err(HandleError::permanent(
+                "a product needs sku, name and price_cents",
+            ));
         };
         sqlx::query(AssertSqlSafe(format!(
             "INSERT INTO {table} (sku, name, price_cents, applied) VALUES ($1, $2, $3, 1)
@@ -537,7 +567,12 @@ async fn clean(pool: PgPool, table: Arc<str>, ttl: Duration, token: Cancellation
 async fn create_order(State(app): State<App>, body: String) -> (StatusCode, String) {
     let order = match parse_order(&body) {
         Ok(order) => order,
-        Err(message) => return (StatusCode::BAD_REQUEST, json!({"error": message}).to_string()),
+        Err(message) => {
+            return (
+                StatusCode::BAD_REQUEST,
+                json!({"error": message}).to_string(),
+            );
+        }
     };
     match insert_order(&app, &order).await {
         Ok(id) => (StatusCode::CREATED, json!({"id": id}).to_string()),
@@ -558,13 +593,16 @@ struct NewOrder {
 }
 
 fn parse_order(body: &str) -> Result<NewOrder, String> {
-    let value: Value = serde_json::from_str(body).map_err(|e| format!("the body is not JSON: {e}"))?;
+    let value: Value =
+        serde_json::from_str(body).map_err(|e| format!("the body is not JSON: {e}"))?;
     let text = |field: &str| {
         value[field]
             .as_str()
             .filter(|s| !s.is_empty() && s.len() <= 200)
             .map(str::to_owned)
-            .ok_or(format!("{field} must be a non-empty string of at most 200 bytes"))
+            .ok_or(format!(
+                "{field} must be a non-empty string of at most 200 bytes"
+            ))
     };
     let quantity = value["quantity"]
         .as_i64()
@@ -597,7 +635,11 @@ async fn insert_order(app: &App, order: &NewOrder) -> Result<i64, String> {
     app.store
         .enqueue(
             &mut tx,
-            Event::new(&*app.order_topic, order.customer.as_str(), payload.to_string()),
+            Event::new(
+                &*app.order_topic,
+                order.customer.as_str(),
+                payload.to_string(),
+            ),
         )
         .await
         .map_err(|e| e.to_string())?;
@@ -608,7 +650,10 @@ async fn insert_order(app: &App, order: &NewOrder) -> Result<i64, String> {
 /// `GET /orders/{id}`.
 async fn get_order(State(app): State<App>, Path(id): Path<String>) -> (StatusCode, String) {
     let Ok(id) = id.parse::<i64>() else {
-        return (StatusCode::BAD_REQUEST, json!({"error": "the id must be a number"}).to_string());
+        return (
+            StatusCode::BAD_REQUEST,
+            json!({"error": "the id must be a number"}).to_string(),
+        );
     };
     let row: Result<Option<(String, String, i32)>, _> = sqlx::query_as(AssertSqlSafe(format!(
         "SELECT customer, sku, quantity FROM {} WHERE id = $1",
@@ -622,9 +667,33 @@ async fn get_order(State(app): State<App>, Path(id): Path<String>) -> (StatusCod
             StatusCode::OK,
             json!({"id": id, "customer": customer, "sku": sku, "quantity": quantity}).to_string(),
         ),
-        Ok(None) => (StatusCode::NOT_FOUND, json!({"error": "no such order"}).to_string()),
-        Err(e) => (StatusCode::SERVICE_UNAVAILABLE, json!({"error": e.to_string()}).to_string()),
+        Ok(None) => (
+            StatusCode::NOT_FOUND,
+            json!({"error": "no such order"}).to_string(),
+        ),
+        Err(e) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            json!({"error": e.to_string()}).to_string(),
+        ),
     }
+}
+
+/// `GET /stats`: the relay's, the consumer's and the inbox's counts.
+async fn stats(State(app): State<App>) -> String {
+    let (relay, consumer, inbox) = (
+        app.relay.snapshot(),
+        app.consumer.snapshot(),
+        app.inbox.stats(),
+    );
+    json!({
+        "relay": {"dispatched": relay.dispatched, "batches": relay.batches},
+        "consumer": {
+            "handled": consumer.handled, "dead_lettered": consumer.dead_lettered,
+            "failed_attempts": consumer.failed_attempts, "commits": consumer.commits,
+        },
+        "inbox": {"applied": inbox.applied, "duplicates": inbox.duplicates, "stale": inbox.stale},
+    })
+    .to_string()
 }
 
 /// `GET /products/{sku}`: as the consumer applied it.
@@ -641,7 +710,13 @@ async fn get_product(State(app): State<App>, Path(sku): Path<String>) -> (Status
             StatusCode::OK,
             json!({"sku": sku, "name": name, "price_cents": price, "applied": applied}).to_string(),
         ),
-        Ok(None) => (StatusCode::NOT_FOUND, json!({"error": "no such product"}).to_string()),
-        Err(e) => (StatusCode::SERVICE_UNAVAILABLE, json!({"error": e.to_string()}).to_string()),
+        Ok(None) => (
+            StatusCode::NOT_FOUND,
+            json!({"error": "no such product"}).to_string(),
+        ),
+        Err(e) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            json!({"error": e.to_string()}).to_string(),
+        ),
     }
 }

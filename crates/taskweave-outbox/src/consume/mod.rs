@@ -465,6 +465,15 @@ impl RunningConsumer {
         self.counters.snapshot()
     }
 
+    /// A handle to the counts, readable after the consumer was moved away (into a shutdown
+    /// phase, say).
+    #[must_use]
+    pub fn metrics_handle(&self) -> ConsumerMetricsHandle {
+        ConsumerMetricsHandle {
+            counters: Arc::clone(&self.counters),
+        }
+    }
+
     /// The partitions assigned now, as `(topic, partition)`.
     #[must_use]
     pub fn assignment(&self) -> Vec<(String, i32)> {
@@ -528,6 +537,28 @@ impl RunningConsumer {
             }
             tracing::info!(consumer = %name_owned, %report, "consumer stopped");
         })
+    }
+}
+
+/// Reads a consumer's counts while it runs ([`RunningConsumer::metrics_handle`]).
+#[derive(Clone)]
+pub struct ConsumerMetricsHandle {
+    counters: Arc<Counters>,
+}
+
+impl ConsumerMetricsHandle {
+    /// The counts now.
+    #[must_use]
+    pub fn snapshot(&self) -> ConsumerMetrics {
+        self.counters.snapshot()
+    }
+}
+
+impl fmt::Debug for ConsumerMetricsHandle {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("ConsumerMetricsHandle")
+            .field(&self.snapshot())
+            .finish()
     }
 }
 
