@@ -574,6 +574,7 @@ impl Counters {
             commit_failures: get(&self.commit_failures),
             assigned: get(&self.assigned),
             revoked: get(&self.revoked),
+            pauses: get(&self.pauses),
         }
     }
 }
@@ -776,6 +777,7 @@ impl PollLoop {
         };
         let queued = partition.push(Received::from_kafka(message));
         if queued >= self.max_queued && !partition.paused.swap(true, Ordering::Relaxed) {
+            Counters::add(&self.books.counters.pauses);
             self.set_paused(&partition, true);
         }
     }

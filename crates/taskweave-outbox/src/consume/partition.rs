@@ -39,6 +39,7 @@ pub(crate) struct Counters {
     pub(crate) commit_failures: AtomicU64,
     pub(crate) assigned: AtomicU64,
     pub(crate) revoked: AtomicU64,
+    pub(crate) pauses: AtomicU64,
     pub(crate) abandoned: Mutex<Vec<Abandoned>>,
 }
 

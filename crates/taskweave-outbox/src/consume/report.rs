@@ -47,6 +47,8 @@ pub struct ConsumerMetrics {
     pub assigned: u64,
     /// Partitions revoked, summed over rebalances.
     pub revoked: u64,
+    /// Times a partition was paused because its queue was full.
+    pub pauses: u64,
 }
 
 /// What a consumer did, returned when it stops.
@@ -89,7 +91,7 @@ impl fmt::Display for ConsumerReport {
         let m = &self.metrics;
         write!(
             f,
-            "handled {}, dead-lettered {}, failed attempts {} ({} panics), commits {} ({} failed), partitions assigned {} / revoked {}, unstarted {}",
+            "handled {}, dead-lettered {}, failed attempts {} ({} panics), commits {} ({} failed), partitions assigned {} / revoked {}, pauses {}, unstarted {}",
             m.handled,
             m.dead_lettered,
             m.failed_attempts,
@@ -98,6 +100,7 @@ impl fmt::Display for ConsumerReport {
             m.commit_failures,
             m.assigned,
             m.revoked,
+            m.pauses,
             self.unstarted
         )?;
         for a in &self.abandoned {

@@ -605,3 +605,150 @@ async fn start_refuses_unreachable_brokers_and_unknown_topics_clearly() {
         .unwrap_err();
     assert!(matches!(none, ConsumeError::Invalid(_)), "{none}");
 }
+
+/// Produces `payloads` to one partition of `topic`, with event ids.
+async fn produce_to(topic: &str, partition: i32, payloads: &[&str]) {
+    let producer = producer();
+    for payload in payloads {
+        let id = unique_name("ev");
+        let headers = OwnedHeaders::new().insert(Header {
+            key: EVENT_ID_HEADER,
+            value: Some(id.as_str()),
+        });
+        producer
+            .send(
+                FutureRecord::to(topic)
+                    .partition(partition)
+                    .key("k")
+                    .payload(*payload)
+                    .headers(headers),
+                Duration::from_secs(10),
+            )
+            .await
+            .expect("produced");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_partition_is_paused_and_resumed_without_losing_or_repeating_a_message() {
+    let topic = create_topic(1).await;
+    let payloads: Vec<String> = (0..120).map(|i| i.to_string()).collect();
+    let refs: Vec<&str> = payloads.iter().map(String::as_str).collect();
+    produce_to(&topic, 0, &refs).await;
+    let seen: Seen = Arc::default();
+    let consumer = Consumer::new(&kafka_brokers(), &unique_name("g"), [topic.as_str()])
+        .with_max_queued_per_partition(4)
+        .start(CancellationToken::new(), recorder(&seen, Duration::from_millis(3)))
+        .await
+        .expect("started");
+    eventually("120 handled", || seen.lock().unwrap().len() >= 120).await;
+    let report = consumer.stop_within(Duration::from_secs(10)).await;
+    assert!(report.is_clean(), "{report}");
+    assert!(report.metrics.pauses >= 2, "the queue never filled: {report}");
+    let offsets: Vec<i64> = seen.lock().unwrap().iter().map(|s| s.1).collect();
+    assert_eq!(offsets, (0..120).collect::<Vec<i64>>());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_consumer_stops_as_a_shutdown_phase_and_commits() {
+    let topic = create_topic(2).await;
+    produce_to(&topic, 0, &["a", "b"]).await;
+    produce_to(&topic, 1, &["c"]).await;
+    let group = unique_name("g");
+    let seen: Seen = Arc::default();
+    let consumer = Consumer::new(&kafka_brokers(), &group, [topic.as_str()])
+        .start(CancellationToken::new(), recorder(&seen, Duration::ZERO))
+        .await
+        .expect("started");
+    eventually("3 handled", || seen.lock().unwrap().len() >= 3).await;
+    let shutdown = taskweave_shutdown::Shutdown::new(CancellationToken::new(), Duration::from_secs(10));
+    assert!(consumer.register_phase(&shutdown, "product consumer"));
+    let report = shutdown.run_now("test").await;
+    assert!(report.is_clean(), "{report}");
+    assert!(report.step("product consumer").unwrap().status.is_completed(), "{report}");
+    assert_eq!(committed(&group, &topic, 2), [2, 1]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_revocation_gives_up_an_overrunning_handler_uncommitted_and_never_doubles_a_partition() {
+    let topic = create_topic(2).await;
+    produce_to(&topic, 0, &["a0", "slow", "b0", "c0"]).await;
+    produce_to(&topic, 1, &["a1", "b1", "c1"]).await;
+    let group = unique_name("g");
+    let gate = Arc::new(Notify::new());
+    let held = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    // Handlers running now, per consumer and partition: never above one.
+    let running: Arc<Mutex<HashMap<(usize, i32), usize>>> = Arc::default();
+    let doubled = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let seen: Seen = Arc::default();
+    let member = |n: usize| {
+        let (gate, held, running, doubled, seen) = (
+            Arc::clone(&gate),
+            Arc::clone(&held),
+            Arc::clone(&running),
+            Arc::clone(&doubled),
+            Arc::clone(&seen),
+        );
+        let mut config = Consumer::config(&kafka_brokers(), &group);
+        config.set("heartbeat.interval.ms", "200");
+        Consumer::from_config(config, [topic.as_str()])
+            .with_name(format!("member-{n}"))
+            .with_revoke_timeout(Duration::from_millis(300))
+            .start(CancellationToken::new(), move |m: Received| {
+                let (gate, held, running, doubled, seen) = (
+                    Arc::clone(&gate),
+                    Arc::clone(&held),
+                    Arc::clone(&running),
+                    Arc::clone(&doubled),
+                    Arc::clone(&seen),
+                );
+                async move {
+                    let slot = (n, m.partition());
+                    {
+                        let mut running = running.lock().unwrap();
+                        let now = running.entry(slot).or_default();
+                        *now += 1;
+                        if *now > 1 {
+                            doubled.store(true, Ordering::SeqCst);
+                        }
+                    }
+                    let payload = String::from_utf8_lossy(m.payload().unwrap_or_default()).into_owned();
+                    // The first attempt of "slow" waits for the gate; later ones go through.
+                    if payload == "slow" && !held.swap(true, Ordering::SeqCst) {
+                        gate.notified().await;
+                    }
+                    seen.lock().unwrap().push((m.partition(), m.offset(), payload));
+                    *running.lock().unwrap().get_mut(&slot).unwrap() -= 1;
+                    Ok(())
+                }
+            })
+    };
+    let first = member(1).await.expect("first started");
+    eventually("slow started", || held.load(Ordering::SeqCst)).await;
+    let second = member(2).await.expect("second started");
+    eventually("the first member's partitions revoked", || first.metrics().revoked >= 1).await;
+    // The revocation gave up on "slow" after 300 ms; only now does its handler end.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    gate.notify_one();
+    eventually("every message handled", || {
+        let seen = seen.lock().unwrap();
+        let set: HashSet<(i32, i64)> = seen.iter().map(|s| (s.0, s.1)).collect();
+        set.len() >= 7
+    })
+    .await;
+    let (a, b) = tokio::join!(
+        first.stop_within(Duration::from_secs(10)),
+        second.stop_within(Duration::from_secs(10))
+    );
+    assert!(
+        a.abandoned.iter().any(|x| x.partition == 0 && x.offset == 1 && x.reason == AbandonReason::Overran),
+        "{a}"
+    );
+    assert!(b.is_clean(), "{b}");
+    assert!(!doubled.load(Ordering::SeqCst), "a partition had two handlers at once in one member");
+    // "slow" was handled again after the hand-over (it was never committed), then the rest.
+    let seen = seen.lock().unwrap().clone();
+    let slow = seen.iter().filter(|s| s.2 == "slow").count();
+    assert_eq!(slow, 2, "{seen:?}");
+    assert_eq!(committed(&group, &topic, 2), [4, 3]);
+}
