@@ -327,6 +327,16 @@ impl Inbox {
         }
         match apply(&mut tx, &message).await {
             Ok(()) => {
+                // A handler that swallowed a database error leaves the transaction aborted,
+                // and PostgreSQL answers the COMMIT of an aborted transaction with a
+                // rollback, not an error: the event would count as applied with nothing
+                // written. A statement fails in an aborted transaction, so probe first.
+                if let Err(error) = sqlx::query("SELECT 1").execute(&mut *tx).await {
+                    let _ = tx.rollback().await;
+                    return Err(HandleError::retriable(format!(
+                        "the handler's transaction was aborted by an error it did not return: {error}"
+                    )));
+                }
                 tx.commit().await?;
                 self.counts.applied.fetch_add(1, Ordering::Relaxed);
                 Ok(())

@@ -328,9 +328,15 @@ impl Consumer {
             counters: Arc::clone(&counters),
         });
         let spawner = runtime.clone();
+        let control = Arc::new(Control {
+            stop: CancellationToken::new(),
+            deadline: Mutex::new(None),
+        });
         let books = Arc::new(Books {
             partitions: Mutex::new(HashMap::new()),
             previous: Mutex::new(HashMap::new()),
+            paused: std::sync::atomic::AtomicUsize::new(0),
+            control: Arc::clone(&control),
             counters: Arc::clone(&counters),
             revoke_timeout: self.revoke_timeout,
             start_worker: Box::new(move |partition, queue, previous| {
@@ -346,10 +352,6 @@ impl Consumer {
             .await
             .map_err(|_| ConsumeError::Invalid("the consumer's set-up panicked".into()))??;
 
-        let control = Arc::new(Control {
-            stop: CancellationToken::new(),
-            deadline: Mutex::new(None),
-        });
         let (report_tx, report_rx) = oneshot::channel();
         let poll = PollLoop {
             consumer,
@@ -501,7 +503,11 @@ impl RunningConsumer {
     ///
     /// As [`stop`](Self::stop).
     pub async fn stop_within(self, budget: Duration) -> ConsumerReport {
-        let deadline = tokio::time::Instant::now() + budget;
+        let now = tokio::time::Instant::now();
+        let deadline = now
+            .checked_add(budget)
+            .or_else(|| now.checked_add(Duration::from_secs(u64::from(u32::MAX))))
+            .unwrap_or(now);
         self.stop(deadline).await
     }
 
@@ -575,14 +581,30 @@ impl Counters {
             assigned: get(&self.assigned),
             revoked: get(&self.revoked),
             pauses: get(&self.pauses),
+            abandoned: get(&self.abandoned_total),
         }
     }
 }
 
-/// The stop request: a token the poll thread looks at between polls, and the deadline.
+/// The stop request: a token the poll thread looks at between polls, and the deadline
+/// (which `stop` may set, or move, while the poll thread already waits).
 struct Control {
     stop: CancellationToken,
     deadline: Mutex<Option<std::time::Instant>>,
+}
+
+impl Control {
+    fn deadline(&self) -> Option<std::time::Instant> {
+        *lock(&self.deadline)
+    }
+}
+
+/// `now + d`, or far ahead when that is beyond the clock's range (a "no limit" timeout).
+pub(crate) fn after(d: Duration) -> std::time::Instant {
+    let now = std::time::Instant::now();
+    now.checked_add(d)
+        .or_else(|| now.checked_add(Duration::from_secs(u64::from(u32::MAX))))
+        .unwrap_or(now)
 }
 
 type StartWorker = Box<
@@ -595,34 +617,47 @@ type StartWorker = Box<
 /// on the poll thread, inside `poll`).
 struct Books {
     partitions: Mutex<HashMap<(String, i32), Arc<Partition>>>,
-    /// Partitions revoked while a handler overran: the next assignment's worker waits for
-    /// theirs to finish.
+    /// Partitions revoked (or stopped) while their worker still ran (a handler that overran):
+    /// the next assignment's worker waits for theirs to finish.
     previous: Mutex<HashMap<(String, i32), Arc<Partition>>>,
+    /// Partitions paused now, so the poll loop looks for drained ones only when there are.
+    paused: std::sync::atomic::AtomicUsize,
     counters: Arc<Counters>,
+    control: Arc<Control>,
     revoke_timeout: Duration,
     start_worker: StartWorker,
 }
 
 impl Books {
-    fn assign(&self, list: &TopicPartitionList) {
+    fn assign<C: ConsumerContext>(&self, consumer: &BaseConsumer<C>, list: &TopicPartitionList) {
+        let mut fresh = TopicPartitionList::new();
         let mut partitions = lock(&self.partitions);
+        lock(&self.previous).retain(|_, p| !p.finished.is_set());
         for element in list.elements() {
             let key = (element.topic().to_owned(), element.partition());
             if partitions.contains_key(&key) {
                 continue;
             }
-            let previous = lock(&self.previous)
-                .remove(&key)
-                .filter(|p| !p.finished.is_set());
+            let previous = lock(&self.previous).remove(&key);
             let (partition, queue) = Partition::new(element.topic(), element.partition());
             partitions.insert(key, Arc::clone(&partition));
+            fresh.add_partition(element.topic(), element.partition());
             Counters::add(&self.counters.assigned);
             (self.start_worker)(partition, queue, previous);
+        }
+        drop(partitions);
+        // librdkafka keeps an application pause across a revocation: a partition paused
+        // for back-pressure before it was revoked would come back paused for good.
+        if fresh.count() > 0
+            && let Err(error) = consumer.resume(&fresh)
+        {
+            tracing::warn!(%error, "resuming newly assigned partitions failed");
         }
     }
 
     /// Stops the partitions in `list`, waits for their handlers in flight until the revoke
-    /// timeout, and commits what finished (unless the assignment was lost).
+    /// timeout (or the stop's deadline, if sooner), and commits what finished (unless the
+    /// assignment was lost).
     fn revoke<C: ConsumerContext>(&self, consumer: &BaseConsumer<C>, list: &TopicPartitionList) {
         let revoked: Vec<Arc<Partition>> = {
             let mut partitions = lock(&self.partitions);
@@ -633,24 +668,38 @@ impl Books {
         };
         for partition in &revoked {
             partition.stop.cancel();
+            if partition.paused.swap(false, Ordering::Relaxed) {
+                self.paused.fetch_sub(1, Ordering::Relaxed);
+            }
             Counters::add(&self.counters.revoked);
         }
-        let until = std::time::Instant::now() + self.revoke_timeout;
-        self.wait_for(&revoked, until);
+        let until = after(self.revoke_timeout);
+        self.wait_for(&revoked, || {
+            self.control.deadline().map_or(until, |stop| stop.min(until))
+        });
         if !consumer.assignment_lost() {
             let _ = commit(consumer, &revoked, &self.counters);
         }
     }
 
-    /// Waits for `partitions`' workers until `until`; reports the handlers that overran and
-    /// keeps their partitions for the next assignment's worker to wait on.
-    fn wait_for(&self, partitions: &[Arc<Partition>], until: std::time::Instant) {
+    /// Waits for `partitions`' workers until `deadline()` (read again as it waits, so a stop
+    /// can shorten or lengthen it); reports the handlers that overran, caps their commits
+    /// below the message they were on, and keeps their partitions for the next assignment's
+    /// worker to wait on.
+    fn wait_for(&self, partitions: &[Arc<Partition>], deadline: impl Fn() -> std::time::Instant) {
         for partition in partitions {
-            if partition.finished.wait_until(until) {
+            loop {
+                let until = deadline();
+                let slice = until.min(after(Duration::from_millis(50)));
+                if partition.finished.wait_until(slice) || std::time::Instant::now() >= until {
+                    break;
+                }
+            }
+            if partition.finished.is_set() {
                 continue;
             }
-            if let Some(offset) = *lock(&partition.in_flight) {
-                lock(&self.counters.abandoned).push(Abandoned {
+            if let Some(offset) = partition.give_up() {
+                self.abandon(Abandoned {
                     topic: partition.topic.clone(),
                     partition: partition.partition,
                     offset,
@@ -664,6 +713,10 @@ impl Books {
             );
         }
     }
+
+    fn abandon(&self, abandoned: Abandoned) {
+        self.counters.abandon(abandoned);
+    }
 }
 
 /// Commits the handled offsets of `partitions` that moved (synchronously).
@@ -676,11 +729,7 @@ fn commit<C: ConsumerContext>(
     let mut moved = Vec::new();
     for partition in partitions {
         if let Some(offset) = partition.to_commit() {
-            list.add_partition_offset(
-                &partition.topic,
-                partition.partition,
-                Offset::Offset(offset),
-            )?;
+            list.add_partition_offset(&partition.topic, partition.partition, Offset::Offset(offset))?;
             moved.push((partition, offset));
         }
     }
@@ -719,9 +768,9 @@ impl ConsumerContext for Context {
         }
     }
 
-    fn post_rebalance(&self, _consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+    fn post_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
         if let Rebalance::Assign(list) = rebalance {
-            self.books.assign(list);
+            self.books.assign(consumer, list);
         }
     }
 }
@@ -743,7 +792,9 @@ impl PollLoop {
         let mut last_commit = std::time::Instant::now();
         let mut error = None;
         while !self.token.is_cancelled() && !self.control.stop.is_cancelled() {
-            self.resume_drained();
+            if self.books.paused.load(Ordering::Relaxed) > 0 {
+                self.resume_drained();
+            }
             if last_commit.elapsed() >= self.commit_interval {
                 let _ = commit(&self.consumer, &self.assigned(), &self.books.counters);
                 last_commit = std::time::Instant::now();
@@ -768,6 +819,9 @@ impl PollLoop {
         lock(&self.books.partitions).values().cloned().collect()
     }
 
+    /// Hands a message to its partition's worker, in offset order and once: a message
+    /// below the next expected offset was routed already (a resume seeks to the next
+    /// expected offset; whatever librdkafka still hands out from before is dropped here).
     fn route(&self, message: &rdkafka::message::BorrowedMessage<'_>) {
         use rdkafka::Message as _;
         let key = (message.topic().to_owned(), message.partition());
@@ -775,46 +829,68 @@ impl PollLoop {
             // Not (or no longer) ours: not handled, so not committed by us.
             return;
         };
+        let offset = message.offset();
+        let next = partition.next.load(Ordering::Relaxed);
+        if next >= 0 && offset < next {
+            return;
+        }
+        partition.next.store(offset + 1, Ordering::Relaxed);
         let queued = partition.push(Received::from_kafka(message));
         if queued >= self.max_queued && !partition.paused.swap(true, Ordering::Relaxed) {
             Counters::add(&self.books.counters.pauses);
-            self.set_paused(&partition, true);
-        }
-    }
-
-    fn resume_drained(&self) {
-        for partition in self.assigned() {
-            if partition.paused.load(Ordering::Relaxed)
-                && partition.queued.load(Ordering::Relaxed) <= self.max_queued / 2
-            {
-                partition.paused.store(false, Ordering::Relaxed);
-                self.set_paused(&partition, false);
+            self.books.paused.fetch_add(1, Ordering::Relaxed);
+            let mut list = TopicPartitionList::new();
+            list.add_partition(&partition.topic, partition.partition);
+            if let Err(error) = self.consumer.pause(&list) {
+                // Still marked paused: the resume seeks to the next expected offset anyway.
+                tracing::warn!(consumer = %self.name, %error, "pausing a full partition failed");
             }
         }
     }
 
-    fn set_paused(&self, partition: &Partition, pause: bool) {
-        let mut list = TopicPartitionList::new();
-        list.add_partition(&partition.topic, partition.partition);
-        let result = if pause {
-            self.consumer.pause(&list)
-        } else {
-            self.consumer.resume(&list)
-        };
-        if let Err(error) = result {
-            tracing::warn!(consumer = %self.name, %error, pause, "pause/resume failed");
+    /// Resumes the paused partitions that drained to half: the resume, then at once (no
+    /// poll between them, so no message comes in between) a seek to the next expected
+    /// offset, so the fetch restarts exactly after the last message routed, whatever
+    /// librdkafka fetched or dropped around the pause (a seek discards what was fetched
+    /// before it). A failed seek pauses the partition again, to be retried.
+    fn resume_drained(&self) {
+        for partition in self.assigned() {
+            if !partition.paused.load(Ordering::Relaxed)
+                || partition.queued.load(Ordering::Relaxed) > self.max_queued / 2
+            {
+                continue;
+            }
+            let mut list = TopicPartitionList::new();
+            list.add_partition(&partition.topic, partition.partition);
+            if let Err(error) = self.consumer.resume(&list) {
+                tracing::warn!(consumer = %self.name, %error, "resume failed; retrying");
+                continue;
+            }
+            let next = partition.next.load(Ordering::Relaxed);
+            if next >= 0 {
+                let seek = self.consumer.seek(
+                    &partition.topic,
+                    partition.partition,
+                    Offset::Offset(next),
+                    Duration::from_secs(5),
+                );
+                if let Err(error) = seek {
+                    tracing::warn!(consumer = %self.name, %error, "seek after a resume failed; pausing again to retry");
+                    let _ = self.consumer.pause(&list);
+                    continue;
+                }
+            }
+            partition.paused.store(false, Ordering::Relaxed);
+            self.books.paused.fetch_sub(1, Ordering::Relaxed);
         }
     }
 
     /// The stop: stop fetching, wait for the handlers in flight, commit, leave the group.
     fn finish(self, error: Option<String>) -> ConsumerReport {
-        let deadline = lock(&self.control.deadline)
-            .take()
-            .unwrap_or_else(|| std::time::Instant::now() + self.stop_budget);
-        let partitions: Vec<Arc<Partition>> = lock(&self.books.partitions)
-            .drain()
-            .map(|(_, p)| p)
-            .collect();
+        let budget_end = after(self.stop_budget);
+        let deadline = || self.control.deadline().unwrap_or(budget_end);
+        let partitions: Vec<Arc<Partition>> =
+            lock(&self.books.partitions).drain().map(|(_, p)| p).collect();
         if let Ok(assignment) = self.consumer.assignment() {
             let _ = self.consumer.pause(&assignment);
         }
@@ -822,12 +898,28 @@ impl PollLoop {
             partition.stop.cancel();
         }
         self.books.wait_for(&partitions, deadline);
+        // Handlers of earlier assignments that overran (reported then) get the same time,
+        // so that what the caller closes next (a database pool) is not closed under them.
+        let earlier: Vec<Arc<Partition>> = lock(&self.books.previous)
+            .drain()
+            .map(|(_, p)| p)
+            .filter(|p| !p.finished.is_set() && !partitions.iter().any(|q| Arc::ptr_eq(p, q)))
+            .collect();
+        for partition in &earlier {
+            partition.finished.wait_until(deadline());
+        }
         let unstarted = partitions
             .iter()
             .map(|p| p.queued.load(Ordering::Relaxed) as u64)
             .sum();
-        let final_commit =
-            commit(&self.consumer, &partitions, &self.books.counters).map_err(|e| e.to_string());
+        let mut final_commit = commit(&self.consumer, &partitions, &self.books.counters);
+        for _ in 0..2 {
+            if final_commit.is_ok() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(200));
+            final_commit = commit(&self.consumer, &partitions, &self.books.counters);
+        }
         // Leaving the group: the revocation callback finds no partition left to wait for.
         self.consumer.unsubscribe();
         drop(self.consumer);
@@ -835,7 +927,7 @@ impl PollLoop {
             metrics: self.books.counters.snapshot(),
             abandoned: std::mem::take(&mut *lock(&self.books.counters.abandoned)),
             unstarted,
-            final_commit,
+            final_commit: final_commit.map_err(|e| e.to_string()),
             error,
         }
     }

@@ -40,12 +40,25 @@ pub(crate) struct Counters {
     pub(crate) assigned: AtomicU64,
     pub(crate) revoked: AtomicU64,
     pub(crate) pauses: AtomicU64,
+    pub(crate) abandoned_total: AtomicU64,
     pub(crate) abandoned: Mutex<Vec<Abandoned>>,
 }
+
+/// How many abandoned messages a report lists (the rest are counted).
+const MAX_LISTED: usize = 1000;
 
 impl Counters {
     pub(crate) fn add(counter: &AtomicU64) {
         counter.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts a message given up, and lists it while the list is short.
+    pub(crate) fn abandon(&self, abandoned: Abandoned) {
+        Self::add(&self.abandoned_total);
+        let mut list = lock(&self.abandoned);
+        if list.len() < MAX_LISTED {
+            list.push(abandoned);
+        }
     }
 }
 
@@ -114,6 +127,11 @@ pub(crate) struct Partition {
     pub(crate) committed: AtomicI64,
     /// The offset of the message being handled.
     pub(crate) in_flight: Mutex<Option<i64>>,
+    /// No commit goes past this: the offset of a message given up while its handler ran.
+    commit_cap: AtomicI64,
+    /// The next offset the poll thread expects (-1 before the first message); only the
+    /// poll thread touches it.
+    pub(crate) next: AtomicI64,
     pub(crate) finished: Finished,
 }
 
@@ -134,6 +152,8 @@ impl Partition {
             handled: AtomicI64::new(-1),
             committed: AtomicI64::new(-1),
             in_flight: Mutex::new(None),
+            commit_cap: AtomicI64::new(i64::MAX),
+            next: AtomicI64::new(-1),
             finished: Finished::default(),
         });
         (partition, receiver)
@@ -152,8 +172,20 @@ impl Partition {
 
     /// The offset to commit, when it moved past the last commit.
     pub(crate) fn to_commit(&self) -> Option<i64> {
-        let handled = self.handled.load(Ordering::Acquire);
+        let handled = self
+            .handled
+            .load(Ordering::Acquire)
+            .min(self.commit_cap.load(Ordering::Acquire));
         (handled > self.committed.load(Ordering::Relaxed)).then_some(handled)
+    }
+
+    /// Gives up on the message in flight, if any: returns its offset, and no commit of this
+    /// partition passes it from now on (even if its handler finishes after all).
+    pub(crate) fn give_up(&self) -> Option<i64> {
+        let in_flight = lock(&self.in_flight);
+        let offset = (*in_flight)?;
+        self.commit_cap.store(offset, Ordering::Release);
+        Some(offset)
     }
 }
 
@@ -253,10 +285,12 @@ pub(crate) async fn work<H: Handler>(
     mut queue: mpsc::UnboundedReceiver<Received>,
     previous: Option<Arc<Partition>>,
 ) {
+    // Finished however this ends (a panic of ours, the runtime shutting down).
+    let _finished = FinishOnDrop(Arc::clone(&partition));
     // The same partition's worker from an earlier assignment may still be running a handler
     // that overran its revocation: its message comes again here, and must not be handled by
     // two workers at once.
-    if let Some(previous) = previous {
+    if let Some(previous) = &previous {
         tokio::select! {
             biased;
             () = partition.stop.cancelled() => {}
@@ -281,7 +315,19 @@ pub(crate) async fn work<H: Handler>(
         }
     }
     queue.close();
-    partition.finished.set();
+    // Finished only once the predecessor is: whoever waits on this worker (the next
+    // assignment's) then also waits on the handler that overran before it.
+    if let Some(previous) = previous {
+        previous.finished.wait().await;
+    }
+}
+
+struct FinishOnDrop(Arc<Partition>);
+
+impl Drop for FinishOnDrop {
+    fn drop(&mut self) {
+        self.0.finished.set();
+    }
 }
 
 /// Handles one message: the handler, its retries, then the dead-letter topic. `false` when
@@ -306,10 +352,10 @@ async fn handle<H: Handler>(
             permit = workers.permits.acquire() => permit.expect("the semaphore is never closed"),
         };
         *lock(&partition.in_flight) = Some(offset);
-        let result = taskweave_supervise::catch_panic(
-            format!("{}: handler", workers.name),
-            workers.handler.handle(message.clone()),
-        )
+        // The call itself inside the catch: a handler may panic before its first await.
+        let result = taskweave_supervise::catch_panic(format!("{}: handler", workers.name), async {
+            workers.handler.handle(message.clone()).await
+        })
         .await;
         *lock(&partition.in_flight) = None;
         drop(permit);
@@ -328,6 +374,12 @@ async fn handle<H: Handler>(
         failed = failed.saturating_add(1);
         let exhausted = error.is_permanent() || failed >= workers.retry.max_attempts();
         if exhausted {
+            if partition.stop.is_cancelled() {
+                // Revoked or stopping: the next owner gets it again; dead-lettering it now
+                // would also send it to the dead-letter topic.
+                abandon(workers, partition, offset, AbandonReason::Stopped, failed);
+                return false;
+            }
             if let Some(dead_letter) = &workers.dead_letter {
                 return dead_letter_it(workers, dead_letter, partition, &message, &error, failed)
                     .await;
@@ -361,7 +413,11 @@ async fn dead_letter_it<H: Handler>(
     let offset = message.offset();
     let mut tries: u32 = 0;
     loop {
-        match dead_letter.send(message, error, attempts).await {
+        // In flight while it is sent: a stop that gives up on it reports it.
+        *lock(&partition.in_flight) = Some(offset);
+        let sent = dead_letter.send(message, error, attempts).await;
+        *lock(&partition.in_flight) = None;
+        match sent {
             Ok(()) => {
                 Counters::add(&workers.counters.dead_lettered);
                 tracing::warn!(

@@ -49,6 +49,8 @@ pub struct ConsumerMetrics {
     pub revoked: u64,
     /// Times a partition was paused because its queue was full.
     pub pauses: u64,
+    /// Messages given up at a stop or a revocation (not committed; delivered again).
+    pub abandoned: u64,
 }
 
 /// What a consumer did, returned when it stops.
@@ -56,7 +58,8 @@ pub struct ConsumerMetrics {
 pub struct ConsumerReport {
     /// The counts.
     pub metrics: ConsumerMetrics,
-    /// Messages given up at a stop or a revocation; not committed.
+    /// Messages given up at a stop or a revocation; not committed. The first 1000 are
+    /// listed; [`ConsumerMetrics::abandoned`] counts them all.
     pub abandoned: Vec<Abandoned>,
     /// Messages that were fetched and queued but not started when the consumer stopped
     /// (not committed either: delivered again).
