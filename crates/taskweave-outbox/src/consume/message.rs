@@ -13,7 +13,7 @@ pub struct Received {
 }
 
 struct Inner {
-    topic: String,
+    topic: Arc<str>,
     partition: i32,
     offset: i64,
     key: Option<Vec<u8>>,
@@ -35,7 +35,7 @@ impl Received {
     ) -> Self {
         Self {
             inner: Arc::new(Inner {
-                topic: topic.into(),
+                topic: Arc::from(topic.into()),
                 partition,
                 offset,
                 key,
@@ -47,7 +47,7 @@ impl Received {
     }
 
     #[cfg(feature = "kafka")]
-    pub(crate) fn from_kafka<M: rdkafka::Message>(message: &M) -> Self {
+    pub(crate) fn from_kafka<M: rdkafka::Message>(message: &M, topic: Arc<str>) -> Self {
         use rdkafka::message::Headers;
         let headers = message
             .headers()
@@ -59,7 +59,7 @@ impl Received {
             .unwrap_or_default();
         Self {
             inner: Arc::new(Inner {
-                topic: message.topic().to_owned(),
+                topic,
                 partition: message.partition(),
                 offset: message.offset(),
                 key: message.key().map(<[u8]>::to_vec),

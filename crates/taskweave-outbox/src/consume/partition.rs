@@ -112,8 +112,10 @@ impl Finished {
 /// An assigned partition.
 pub(crate) struct Partition {
     pub(crate) topic: String,
+    /// The topic again, shared by every message routed here (no allocation per message).
+    pub(crate) topic_name: Arc<str>,
     pub(crate) partition: i32,
-    sender: mpsc::UnboundedSender<Received>,
+    sender: mpsc::UnboundedSender<Vec<Received>>,
     /// Messages routed to the worker and not yet taken.
     pub(crate) queued: AtomicUsize,
     /// Paused by the poll thread because its queue is full.
@@ -140,10 +142,11 @@ impl Partition {
     pub(crate) fn new(
         topic: &str,
         partition: i32,
-    ) -> (Arc<Self>, mpsc::UnboundedReceiver<Received>) {
+    ) -> (Arc<Self>, mpsc::UnboundedReceiver<Vec<Received>>) {
         let (sender, receiver) = mpsc::unbounded_channel();
         let partition = Arc::new(Self {
             topic: topic.to_owned(),
+            topic_name: topic.into(),
             partition,
             sender,
             queued: AtomicUsize::new(0),
@@ -159,13 +162,14 @@ impl Partition {
         (partition, receiver)
     }
 
-    /// Hands a message to the worker; returns the queue's length.
-    pub(crate) fn push(&self, message: Received) -> usize {
-        let queued = self.queued.fetch_add(1, Ordering::Relaxed) + 1;
-        if self.sender.send(message).is_err() {
-            // The worker has returned (stopped): the message is not handled, so its offset is
-            // never committed and it is delivered again.
-            self.queued.fetch_sub(1, Ordering::Relaxed);
+    /// Hands messages (in offset order) to the worker; returns the queue's length.
+    pub(crate) fn push(&self, messages: Vec<Received>) -> usize {
+        let n = messages.len();
+        let queued = self.queued.fetch_add(n, Ordering::Relaxed) + n;
+        if self.sender.send(messages).is_err() {
+            // The worker has returned (stopped): the messages are not handled, so their
+            // offsets are never committed and they are delivered again.
+            self.queued.fetch_sub(n, Ordering::Relaxed);
         }
         queued
     }
@@ -271,6 +275,8 @@ impl DeadLetter {
 /// What every worker shares.
 pub(crate) struct Workers<H> {
     pub(crate) name: String,
+    /// The name a handler's panic is reported under.
+    pub(crate) handler_name: taskweave_supervise::TaskName,
     pub(crate) handler: H,
     pub(crate) permits: Semaphore,
     pub(crate) retry: RetryPolicy,
@@ -282,7 +288,7 @@ pub(crate) struct Workers<H> {
 pub(crate) async fn work<H: Handler>(
     workers: Arc<Workers<H>>,
     partition: Arc<Partition>,
-    mut queue: mpsc::UnboundedReceiver<Received>,
+    mut queue: mpsc::UnboundedReceiver<Vec<Received>>,
     previous: Option<Arc<Partition>>,
 ) {
     // Finished however this ends (a panic of ours, the runtime shutting down).
@@ -297,21 +303,27 @@ pub(crate) async fn work<H: Handler>(
             () = previous.finished.wait() => {}
         }
     }
-    while !partition.stop.is_cancelled() {
-        let message = tokio::select! {
+    'work: while !partition.stop.is_cancelled() {
+        let batch = tokio::select! {
             biased;
             () = partition.stop.cancelled() => break,
-            message = queue.recv() => match message {
-                Some(message) => message,
+            batch = queue.recv() => match batch {
+                Some(batch) => batch,
                 None => break,
             },
         };
-        partition.queued.fetch_sub(1, Ordering::Relaxed);
-        let offset = message.offset();
-        if handle(&workers, &partition, message).await {
-            partition.handled.store(offset + 1, Ordering::Release);
-        } else {
-            break;
+        let mut batch = batch.into_iter();
+        while let Some(message) = batch.next() {
+            if partition.stop.is_cancelled() {
+                break 'work;
+            }
+            partition.queued.fetch_sub(1, Ordering::Relaxed);
+            let offset = message.offset();
+            if handle(&workers, &partition, message).await {
+                partition.handled.store(offset + 1, Ordering::Release);
+            } else {
+                break 'work;
+            }
         }
     }
     queue.close();
@@ -353,7 +365,7 @@ async fn handle<H: Handler>(
         };
         *lock(&partition.in_flight) = Some(offset);
         // The call itself inside the catch: a handler may panic before its first await.
-        let result = taskweave_supervise::catch_panic(format!("{}: handler", workers.name), async {
+        let result = taskweave_supervise::catch_panic(workers.handler_name.clone(), async {
             workers.handler.handle(message.clone()).await
         })
         .await;

@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use futures::future::BoxFuture;
 use rdkafka::consumer::{BaseConsumer, Consumer as _};
-use rdkafka::mocking::MockCluster;
 use rdkafka::message::{Header, OwnedHeaders};
+use rdkafka::mocking::MockCluster;
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::{Offset, TopicPartitionList};
 use taskweave_outbox::consume::{
@@ -666,7 +666,10 @@ async fn full_partitions_are_paused_and_resumed_without_losing_or_repeating_a_me
     tokio::time::sleep(Duration::from_millis(300)).await;
     let report = consumer.stop_within(Duration::from_secs(10)).await;
     assert!(report.is_clean(), "{report}");
-    assert!(report.metrics.pauses >= 3, "the queues never filled: {report}");
+    assert!(
+        report.metrics.pauses >= 3,
+        "the queues never filled: {report}"
+    );
     let seen = seen.lock().unwrap().clone();
     for p in 0..3 {
         let offsets: Vec<i64> = seen.iter().filter(|s| s.0 == p).map(|s| s.1).collect();
@@ -685,7 +688,10 @@ async fn a_handler_that_panics_before_its_first_await_counts_as_a_failure() {
         .with_retry(fast_retry())
         .with_dead_letter(DeadLetter::new(producer(), &dead))
         .start(CancellationToken::new(), move |m: Received| {
-            assert!(m.payload() != Some(b"boom".as_slice()), "panicked while building the future");
+            assert!(
+                m.payload() != Some(b"boom".as_slice()),
+                "panicked while building the future"
+            );
             record(m)
         })
         .await
@@ -693,7 +699,11 @@ async fn a_handler_that_panics_before_its_first_await_counts_as_a_failure() {
     eventually("fine handled", || seen.lock().unwrap().len() == 1).await;
     let report = consumer.stop_within(Duration::from_secs(10)).await;
     assert!(report.is_clean(), "{report}");
-    assert_eq!((report.metrics.panics, report.metrics.dead_lettered), (3, 1), "{report}");
+    assert_eq!(
+        (report.metrics.panics, report.metrics.dead_lettered),
+        (3, 1),
+        "{report}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -720,7 +730,10 @@ async fn the_inbox_refuses_a_commit_after_a_swallowed_database_error() {
     use taskweave_outbox::consume::Handler as _;
     let error = handler.handle(message).await.unwrap_err();
     assert!(error.message().contains("aborted"), "{error}");
-    assert!(!inbox.contains("swallowed-1").await.unwrap(), "nothing may be recorded");
+    assert!(
+        !inbox.contains("swallowed-1").await.unwrap(),
+        "nothing may be recorded"
+    );
     assert_eq!(inbox.stats().applied, 0);
 }
 
@@ -736,11 +749,19 @@ async fn the_consumer_stops_as_a_shutdown_phase_and_commits() {
         .await
         .expect("started");
     eventually("3 handled", || seen.lock().unwrap().len() >= 3).await;
-    let shutdown = taskweave_shutdown::Shutdown::new(CancellationToken::new(), Duration::from_secs(10));
+    let shutdown =
+        taskweave_shutdown::Shutdown::new(CancellationToken::new(), Duration::from_secs(10));
     assert!(consumer.register_phase(&shutdown, "product consumer"));
     let report = shutdown.run_now("test").await;
     assert!(report.is_clean(), "{report}");
-    assert!(report.step("product consumer").unwrap().status.is_completed(), "{report}");
+    assert!(
+        report
+            .step("product consumer")
+            .unwrap()
+            .status
+            .is_completed(),
+        "{report}"
+    );
     assert_eq!(committed(&group, &topic, 2), [2, 1]);
 }
 
@@ -787,12 +808,15 @@ async fn a_revocation_gives_up_an_overrunning_handler_uncommitted_and_never_doub
                             doubled.store(true, Ordering::SeqCst);
                         }
                     }
-                    let payload = String::from_utf8_lossy(m.payload().unwrap_or_default()).into_owned();
+                    let payload =
+                        String::from_utf8_lossy(m.payload().unwrap_or_default()).into_owned();
                     // The first attempt of "slow" waits for the gate; later ones go through.
                     if payload == "slow" && !held.swap(true, Ordering::SeqCst) {
                         gate.notified().await;
                     }
-                    seen.lock().unwrap().push((m.partition(), m.offset(), payload));
+                    seen.lock()
+                        .unwrap()
+                        .push((m.partition(), m.offset(), payload));
                     *running.lock().unwrap().get_mut(&slot).unwrap() -= 1;
                     Ok(())
                 }
@@ -801,7 +825,10 @@ async fn a_revocation_gives_up_an_overrunning_handler_uncommitted_and_never_doub
     let first = member(1).await.expect("first started");
     eventually("slow started", || held.load(Ordering::SeqCst)).await;
     let second = member(2).await.expect("second started");
-    eventually("the first member's partitions revoked", || first.metrics().revoked >= 1).await;
+    eventually("the first member's partitions revoked", || {
+        first.metrics().revoked >= 1
+    })
+    .await;
     // The revocation gave up on "slow" after 300 ms; only now does its handler end.
     tokio::time::sleep(Duration::from_millis(500)).await;
     gate.notify_one();
@@ -816,11 +843,16 @@ async fn a_revocation_gives_up_an_overrunning_handler_uncommitted_and_never_doub
         second.stop_within(Duration::from_secs(10))
     );
     assert!(
-        a.abandoned.iter().any(|x| x.partition == 0 && x.offset == 1 && x.reason == AbandonReason::Overran),
+        a.abandoned
+            .iter()
+            .any(|x| x.partition == 0 && x.offset == 1 && x.reason == AbandonReason::Overran),
         "{a}"
     );
     assert!(b.is_clean(), "{b}");
-    assert!(!doubled.load(Ordering::SeqCst), "a partition had two handlers at once in one member");
+    assert!(
+        !doubled.load(Ordering::SeqCst),
+        "a partition had two handlers at once in one member"
+    );
     // "slow" was handled again after the hand-over (it was never committed), then the rest.
     let seen = seen.lock().unwrap().clone();
     let slow = seen.iter().filter(|s| s.2 == "slow").count();
