@@ -807,10 +807,13 @@ struct PollLoop {
     name: String,
     /// The assigned partitions by number, rebuilt when the books' generation moves; only
     /// the poll thread uses it (no lock, no allocation per message).
-    routes: std::cell::RefCell<(u64, HashMap<i32, Vec<Arc<Partition>>>)>,
+    routes: std::cell::RefCell<(u64, Routes)>,
     /// Messages taken in one burst of polls, per partition, handed over together.
     pending: std::cell::RefCell<Vec<(Arc<Partition>, Vec<Received>)>>,
 }
+
+/// The assigned partitions by partition number (then topic).
+type Routes = HashMap<i32, Vec<Arc<Partition>>>;
 
 /// At most this many messages are taken in one burst before they are handed over.
 const BURST: usize = 256;
@@ -866,7 +869,7 @@ impl PollLoop {
         let generation = self.books.generation.load(Ordering::Acquire);
         let mut routes = self.routes.borrow_mut();
         if routes.0 != generation {
-            let mut table: HashMap<i32, Vec<Arc<Partition>>> = HashMap::new();
+            let mut table = Routes::new();
             for partition in lock(&self.books.partitions).values() {
                 table
                     .entry(partition.partition)

@@ -312,8 +312,7 @@ pub(crate) async fn work<H: Handler>(
                 None => break,
             },
         };
-        let mut batch = batch.into_iter();
-        while let Some(message) = batch.next() {
+        for message in batch {
             if partition.stop.is_cancelled() {
                 break 'work;
             }
