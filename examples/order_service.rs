@@ -31,7 +31,8 @@
 //!
 //! Options (flags win over the environment): `--database-url` (`DATABASE_URL`),
 //! `--kafka-brokers` (`KAFKA_BROKERS`), `--addr` (127.0.0.1:3000; port 0 picks one),
-//! `--schema` (order_service), `--topic-prefix` (none), `--budget-ms` (60000),
+//! `--schema` (order_service), `--topic-prefix` (none), `--group` (the product-events
+//! consumer group and inbox name: order-service-products), `--budget-ms` (60000),
 //! `--delay-ms` (5000), `--http-drain-ms` (25000), `--background-ms` (20000),
 //! `--order-ttl-secs` (86400), `--cleaner-ms` (60000), `--products N` (3 product events
 //! published at start), `--relay-batch-ms` (0: none; a pause inside each relay batch, to
@@ -72,6 +73,7 @@ struct Config {
     addr: String,
     schema: String,
     topic_prefix: String,
+    group: String,
     budget: Duration,
     delay: Duration,
     http_drain: Duration,
@@ -94,6 +96,7 @@ impl Config {
             addr: "127.0.0.1:3000".to_owned(),
             schema: "order_service".to_owned(),
             topic_prefix: String::new(),
+            group: "order-service-products".to_owned(),
             budget: Duration::from_secs(60),
             delay: Duration::from_secs(5),
             http_drain: Duration::from_secs(25),
@@ -115,6 +118,7 @@ impl Config {
                 "--addr" => config.addr = value()?,
                 "--schema" => config.schema = value()?,
                 "--topic-prefix" => config.topic_prefix = value()?,
+                "--group" => config.group = value()?,
                 "--budget-ms" => config.budget = Duration::from_millis(number(value()?)?),
                 "--delay-ms" => config.delay = Duration::from_millis(number(value()?)?),
                 "--http-drain-ms" => config.http_drain = Duration::from_millis(number(value()?)?),
@@ -339,11 +343,13 @@ async fn serve(config: Config) -> Result<ExitCode, String> {
     let relay_task = AbortOnDropHandle::new(tokio::spawn(relay.run(background.clone())));
 
     let products_table: Arc<str> = format!("\"{}\".products", config.schema).into();
-    let inbox = Inbox::new(pool.clone(), &schema, "order-service-products")
+    let inbox = Inbox::new(pool.clone(), &schema, config.group.as_str())
         .with_stale_policy(StalePolicy::Skip);
     let table = Arc::clone(&products_table);
-    let consumer = Consumer::new(&brokers, "order-service-products", [product_topic.as_str()])
+    let consumer = Consumer::new(&brokers, &config.group, [product_topic.as_str()])
         .with_name("products")
+        // Its share of the shutdown: the background cap, counted from the cancel.
+        .with_stop_budget(config.background)
         .with_dead_letter(DeadLetter::new(
             publisher.producer(),
             config.topic("product-events-dlq"),
@@ -433,8 +439,8 @@ async fn serve(config: Config) -> Result<ExitCode, String> {
                         .drain(CancellationToken::new(), until)
                         .await;
                     println!(
-                        "relay: stopped after its batch, {} events published, {} more in the final drain",
-                        report.dispatched, left.dispatched
+                        "relay: stopped after its batch (one was open at the cancel: {}), {} events published, {} more in the final drain",
+                        report.finished_batch_after_cancel, report.dispatched, left.dispatched
                     );
                 }
                 Ok(Err(e)) => println!("relay: task failed: {e}"),
@@ -446,6 +452,9 @@ async fn serve(config: Config) -> Result<ExitCode, String> {
             println!("consumer: stopped and left its group: {report}");
             for a in &report.abandoned {
                 ctx.abandon(format!("consumer: {}/{}/{}", a.topic, a.partition, a.offset));
+            }
+            if let Err(error) = &report.final_commit {
+                ctx.abandon(format!("consumer: final commit: {error}"));
             }
         };
         let cleaner = async {
@@ -533,6 +542,9 @@ fn apply_product<'c>(
 /// (`pg_cancel_backend`), and the connection goes back to the pool clean, instead of a
 /// dropped query future leaving it mid-protocol.
 async fn clean(pool: PgPool, table: Arc<str>, ttl: Duration, token: CancellationToken) {
+    if token.is_cancelled() {
+        return;
+    }
     let result: Result<u64, sqlx::Error> = async {
         let mut conn = pool.acquire().await?;
         let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")

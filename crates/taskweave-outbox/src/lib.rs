@@ -23,6 +23,11 @@
 //!   [`taskweave_periodic`] schedule; [`Store::stats`] gives the pending count and the lag
 //!   in one cheap query; [`PgStore::with_notify`] wakes relays across processes with
 //!   `LISTEN`/`NOTIFY`.
+//! - [`consume`] is the consuming end: [`consume::Consumer`] runs a handler per message,
+//!   in order per partition and in parallel across partitions, commits offsets only after
+//!   handling, retries and dead-letters failures, hands partitions over cleanly at
+//!   rebalances and stops within a deadline; [`consume::Inbox`] records each event id in
+//!   the handler's own transaction, so a redelivered event changes nothing.
 //! - [`MemoryStore`] and [`MemoryPublisher`] keep the same rules in memory, for the tour
 //!   and paused-clock tests; one test suite runs against both stores.
 //!

@@ -19,7 +19,7 @@
 //! | [`tee`] | `taskweave-tee` | every value to n outputs, a policy per output |
 //! | [`reorder`] | `taskweave-reorder` | reorder buffer, reorder adapter, ordered parallel map |
 //! | [`shutdown`] | `taskweave-shutdown` | whole-application graceful shutdown with a report |
-//! | `outbox` | `taskweave-outbox` | transactional outbox: PostgreSQL to Kafka, per-key order (feature `outbox`, off by default) |
+//! | `outbox` | `taskweave-outbox` | transactional outbox: PostgreSQL to Kafka, per-key order; the consuming end with a transactional inbox (feature `outbox`, off by default) |
 //!
 //! # Example
 //!

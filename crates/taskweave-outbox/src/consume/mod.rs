@@ -114,8 +114,14 @@ impl std::error::Error for ConsumeError {
 ///   at once, not after the session timeout).
 ///
 /// Handlers run on the tokio runtime that called [`start`](Self::start); librdkafka is
-/// polled on a thread of the consumer's own, so a slow handler never delays the group's
-/// heartbeats or rebalance callbacks.
+/// polled on a thread of the consumer's own, so a slow handler never delays fetching or
+/// the group's heartbeats (a revocation does wait, up to the revoke timeout, for the
+/// revoked partitions' handlers in flight).
+///
+/// Commits go to the group coordinator: the periodic ones without waiting, the ones at a
+/// revocation and at the stop waiting for its answer. With the brokers gone, that answer
+/// can take until librdkafka gives up (about `session.timeout.ms`), so a stop may then
+/// return after its deadline; bound it with a timeout where that matters.
 ///
 /// # Examples
 ///
@@ -694,7 +700,7 @@ impl Books {
                 .map_or(until, |stop| stop.min(until))
         });
         if !consumer.assignment_lost() {
-            let _ = commit(consumer, &revoked, &self.counters);
+            let _ = commit(consumer, &revoked, &self.counters, CommitMode::Sync);
         }
     }
 
@@ -735,16 +741,24 @@ impl Books {
     }
 }
 
-/// Commits the handled offsets of `partitions` that moved (synchronously).
+/// Commits the handled offsets of `partitions` that moved. `CommitMode::Async` (the
+/// periodic commits) sends what moved since the last send and does not wait, so the poll
+/// thread never waits on the coordinator; `CommitMode::Sync` (a revocation, the stop)
+/// commits what moved since the last confirmed commit and waits for the answer.
 fn commit<C: ConsumerContext>(
     consumer: &BaseConsumer<C>,
     partitions: &[Arc<Partition>],
     counters: &Counters,
+    mode: CommitMode,
 ) -> Result<(), KafkaError> {
     let mut list = TopicPartitionList::new();
     let mut moved = Vec::new();
     for partition in partitions {
-        if let Some(offset) = partition.to_commit() {
+        let offset = match mode {
+            CommitMode::Async => partition.to_send(),
+            CommitMode::Sync => partition.to_commit(),
+        };
+        if let Some(offset) = offset {
             list.add_partition_offset(
                 &partition.topic,
                 partition.partition,
@@ -756,10 +770,13 @@ fn commit<C: ConsumerContext>(
     if moved.is_empty() {
         return Ok(());
     }
-    match consumer.commit(&list, CommitMode::Sync) {
+    match consumer.commit(&list, mode) {
         Ok(()) => {
             for (partition, offset) in moved {
-                partition.committed.store(offset, Ordering::Relaxed);
+                partition.sent.fetch_max(offset, Ordering::Relaxed);
+                if matches!(mode, CommitMode::Sync) {
+                    partition.committed.store(offset, Ordering::Relaxed);
+                }
             }
             Counters::add(&counters.commits);
             Ok(())
@@ -827,7 +844,12 @@ impl PollLoop {
                 self.resume_drained();
             }
             if last_commit.elapsed() >= self.commit_interval {
-                let _ = commit(&self.consumer, &self.assigned(), &self.books.counters);
+                let _ = commit(
+                    &self.consumer,
+                    &self.assigned(),
+                    &self.books.counters,
+                    CommitMode::Async,
+                );
                 last_commit = std::time::Instant::now();
             }
             match self.consumer.poll(POLL_TIMEOUT) {
@@ -903,25 +925,51 @@ impl PollLoop {
         partition.next.store(offset + 1, Ordering::Relaxed);
         let received = Received::from_kafka(message, Arc::clone(&partition.topic_name));
         let mut pending = self.pending.borrow_mut();
-        match pending.iter_mut().find(|(p, _)| Arc::ptr_eq(p, &partition)) {
-            Some((_, messages)) => messages.push(received),
-            None => pending.push((partition, vec![received])),
+        let at = match pending.iter().position(|(p, _)| Arc::ptr_eq(p, &partition)) {
+            Some(at) => at,
+            None => {
+                pending.push((Arc::clone(&partition), Vec::new()));
+                pending.len() - 1
+            }
+        };
+        pending[at].1.push(received);
+        // Handed over at once when the queue would reach its limit: the limit holds.
+        if partition.queued.load(Ordering::Relaxed) + pending[at].1.len() >= self.max_queued {
+            let (partition, messages) = pending.swap_remove(at);
+            drop(pending);
+            self.hand_over(&partition, messages);
         }
     }
 
     /// Hands the burst's messages to their workers; pauses a partition whose queue is full.
     fn flush(&self) {
-        for (partition, messages) in self.pending.borrow_mut().drain(..) {
-            let queued = partition.push(messages);
-            if queued >= self.max_queued && !partition.paused.swap(true, Ordering::Relaxed) {
+        let pending: Vec<(Arc<Partition>, Vec<Received>)> =
+            self.pending.borrow_mut().drain(..).collect();
+        for (partition, messages) in pending {
+            self.hand_over(&partition, messages);
+        }
+    }
+
+    fn hand_over(&self, partition: &Arc<Partition>, messages: Vec<Received>) {
+        let queued = partition.push(messages);
+        // A partition revoked during the burst is not paused: it is not ours any more.
+        if queued < self.max_queued
+            || partition.stop.is_cancelled()
+            || partition.paused.swap(true, Ordering::Relaxed)
+        {
+            return;
+        }
+        let mut list = TopicPartitionList::new();
+        list.add_partition(&partition.topic, partition.partition);
+        match self.consumer.pause(&list) {
+            Ok(()) => {
                 Counters::add(&self.books.counters.pauses);
                 self.books.paused.fetch_add(1, Ordering::Relaxed);
-                let mut list = TopicPartitionList::new();
-                list.add_partition(&partition.topic, partition.partition);
-                if let Err(error) = self.consumer.pause(&list) {
-                    // Still marked paused: the resume seeks to the next expected offset anyway.
-                    tracing::warn!(consumer = %self.name, %error, "pausing a full partition failed");
-                }
+            }
+            Err(error) => {
+                // Not paused: tried again with the next messages.
+                partition.paused.store(false, Ordering::Relaxed);
+                tracing::warn!(consumer = %self.name, %error, "pausing a full partition failed");
             }
         }
     }
@@ -992,13 +1040,22 @@ impl PollLoop {
             .iter()
             .map(|p| p.queued.load(Ordering::Relaxed) as u64)
             .sum();
-        let mut final_commit = commit(&self.consumer, &partitions, &self.books.counters);
+        let sync = |partitions: &[Arc<Partition>]| {
+            commit(
+                &self.consumer,
+                partitions,
+                &self.books.counters,
+                CommitMode::Sync,
+            )
+        };
+        let mut final_commit = sync(&partitions);
+        // Retried while the deadline allows (a rebalance in progress fails it for a moment).
         for _ in 0..2 {
-            if final_commit.is_ok() {
+            if final_commit.is_ok() || std::time::Instant::now() >= deadline() {
                 break;
             }
             std::thread::sleep(Duration::from_millis(200));
-            final_commit = commit(&self.consumer, &partitions, &self.books.counters);
+            final_commit = sync(&partitions);
         }
         // Leaving the group: the revocation callback finds no partition left to wait for.
         self.consumer.unsubscribe();

@@ -125,8 +125,10 @@ pub(crate) struct Partition {
     pub(crate) stop: CancellationToken,
     /// The next offset to commit (the last handled one + 1), or -1.
     pub(crate) handled: AtomicI64,
-    /// The offset last committed, or -1.
+    /// The offset last committed and confirmed, or -1.
     pub(crate) committed: AtomicI64,
+    /// The offset last sent in a commit (confirmed or not), or -1.
+    pub(crate) sent: AtomicI64,
     /// The offset of the message being handled.
     pub(crate) in_flight: Mutex<Option<i64>>,
     /// No commit goes past this: the offset of a message given up while its handler ran.
@@ -154,6 +156,7 @@ impl Partition {
             stop: CancellationToken::new(),
             handled: AtomicI64::new(-1),
             committed: AtomicI64::new(-1),
+            sent: AtomicI64::new(-1),
             in_flight: Mutex::new(None),
             commit_cap: AtomicI64::new(i64::MAX),
             next: AtomicI64::new(-1),
@@ -169,18 +172,28 @@ impl Partition {
         if self.sender.send(messages).is_err() {
             // The worker has returned (stopped): the messages are not handled, so their
             // offsets are never committed and they are delivered again.
-            self.queued.fetch_sub(n, Ordering::Relaxed);
+            return self.queued.fetch_sub(n, Ordering::Relaxed) - n;
         }
         queued
     }
 
-    /// The offset to commit, when it moved past the last commit.
-    pub(crate) fn to_commit(&self) -> Option<i64> {
-        let handled = self
-            .handled
+    /// The offset it is safe to commit: past every handled message, never past one given up.
+    fn committable(&self) -> i64 {
+        self.handled
             .load(Ordering::Acquire)
-            .min(self.commit_cap.load(Ordering::Acquire));
-        (handled > self.committed.load(Ordering::Relaxed)).then_some(handled)
+            .min(self.commit_cap.load(Ordering::Acquire))
+    }
+
+    /// The offset to commit and wait for, when it moved past the last confirmed commit.
+    pub(crate) fn to_commit(&self) -> Option<i64> {
+        let offset = self.committable();
+        (offset > self.committed.load(Ordering::Relaxed)).then_some(offset)
+    }
+
+    /// The offset to send without waiting, when it moved past the last one sent.
+    pub(crate) fn to_send(&self) -> Option<i64> {
+        let offset = self.committable();
+        (offset > self.sent.load(Ordering::Relaxed)).then_some(offset)
     }
 
     /// Gives up on the message in flight, if any: returns its offset, and no commit of this
@@ -469,7 +482,11 @@ fn abandon<H>(
     reason: AbandonReason,
     failed: u32,
 ) {
-    lock(&workers.counters.abandoned).push(Abandoned {
+    // Given up already (a stop or revocation stopped waiting while this attempt ran).
+    if partition.commit_cap.load(Ordering::Acquire) == offset {
+        return;
+    }
+    workers.counters.abandon(Abandoned {
         topic: partition.topic.clone(),
         partition: partition.partition,
         offset,

@@ -9,7 +9,8 @@ pub enum AbandonReason {
     /// Its handler was still running when the stop's deadline or the revocation's timeout
     /// passed. The handler runs on to its end; only its result is no longer counted.
     Overran,
-    /// It was between retries (backing off) when its partition was stopped or revoked.
+    /// Its partition was stopped or revoked after an attempt of it failed (while it backed
+    /// off, before it could be dead-lettered, or while its dead-letter send was retried).
     Stopped,
 }
 
@@ -39,9 +40,11 @@ pub struct ConsumerMetrics {
     pub failed_attempts: u64,
     /// Handler attempts that panicked.
     pub panics: u64,
-    /// Offset commits that succeeded (each covers every partition that moved).
+    /// Offset commits made: sent (the periodic ones, which do not wait for the
+    /// coordinator's answer) or confirmed (at a revocation and at the stop). Each covers
+    /// every partition that moved.
     pub commits: u64,
-    /// Offset commits that failed (the next one covers them).
+    /// Offset commits refused (the next one covers them).
     pub commit_failures: u64,
     /// Partitions assigned, summed over rebalances.
     pub assigned: u64,
