@@ -22,6 +22,9 @@
 //!   NOTHING`) and a row, written by hand in the loop, against `Inbox::handler` on
 //!   `Consumer`.
 
+#[path = "services.rs"]
+mod services;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -33,7 +36,6 @@ use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{Consumer as _, StreamConsumer};
 use rdkafka::message::{Header, Headers, Message, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
-use sqlx::postgres::PgPoolOptions;
 use sqlx::{AssertSqlSafe, PgPool};
 use taskweave::outbox::consume::{Consumer, HandleError, Inbox, Received};
 use taskweave::outbox::{KafkaPublisher, Schema};
@@ -43,28 +45,14 @@ const PARTITIONS: i32 = 6;
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
-    let runs = std::env::args()
-        .skip_while(|arg| arg != "--runs")
-        .nth(1)
-        .map_or(3, |n| n.parse().expect("--runs N"));
-    if !std::env::args().any(|arg| arg == "--bench") {
-        println!("consume bench: run with `cargo bench -p taskweave-benches --bench consume`");
+    let Some(services::Services {
+        runs,
+        pool,
+        brokers,
+    }) = services::connect("consume", 20).await
+    else {
         return;
-    }
-    let (Ok(url), Ok(brokers)) = (
-        std::env::var("DATABASE_URL"),
-        std::env::var("KAFKA_BROKERS"),
-    ) else {
-        eprintln!(
-            "the consume bench needs PostgreSQL and a broker: eval \"$(scripts/services start)\" first"
-        );
-        std::process::exit(2);
     };
-    let pool = PgPoolOptions::new()
-        .max_connections(20)
-        .connect(&url)
-        .await
-        .unwrap_or_else(|error| panic!("cannot reach PostgreSQL at {url}: {error}"));
     let tag = format!("{}_{}", std::process::id(), now_nanos());
     let big = format!("consume-bench-{tag}-big");
     let small = format!("consume-bench-{tag}-small");

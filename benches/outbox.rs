@@ -32,6 +32,9 @@
 //! (`KafkaPublisher::config`), the seed's with `linger.ms=0`, since it publishes one message
 //! at a time and would otherwise wait the linger for each.
 
+#[path = "services.rs"]
+mod services;
+
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -40,7 +43,6 @@ use std::time::Duration;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::producer::{FutureProducer, FutureRecord};
-use sqlx::postgres::PgPoolOptions;
 use sqlx::{AssertSqlSafe, PgPool, Row};
 use taskweave::outbox::{
     Batch, ClaimLimits, Event, EventId, KafkaPublisher, OutboxRecord, PgStore, PublishError,
@@ -54,30 +56,14 @@ const PARTITIONS: i32 = 6;
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
-    let runs = std::env::args()
-        .skip_while(|arg| arg != "--runs")
-        .nth(1)
-        .map_or(3, |n| n.parse().expect("--runs N"));
-    // `cargo bench` passes `--bench`; a bare `cargo test --benches` passes nothing and
-    // must not need the services.
-    if !std::env::args().any(|arg| arg == "--bench") {
-        println!("outbox bench: run with `cargo bench -p taskweave-benches --bench outbox`");
+    let Some(services::Services {
+        runs,
+        pool,
+        brokers,
+    }) = services::connect("outbox", 24).await
+    else {
         return;
-    }
-    let (Ok(url), Ok(brokers)) = (
-        std::env::var("DATABASE_URL"),
-        std::env::var("KAFKA_BROKERS"),
-    ) else {
-        eprintln!(
-            "the outbox bench needs PostgreSQL and a broker: eval \"$(scripts/services start)\" first"
-        );
-        std::process::exit(2);
     };
-    let pool = PgPoolOptions::new()
-        .max_connections(24)
-        .connect(&url)
-        .await
-        .unwrap_or_else(|error| panic!("cannot reach PostgreSQL at {url}: {error}"));
     if std::env::args().any(|arg| arg == "--soak") {
         soak(&pool).await;
         return;

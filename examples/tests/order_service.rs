@@ -536,9 +536,11 @@ fn sigkill_mid_batch_then_a_restart_loses_nothing_and_product_events_apply_once(
     // Each relay batch is held open 8 s after its acknowledgements.
     let service = Service::start(&names, &["--delay-ms", "0", "--relay-batch-ms", "8000"]);
     // The product events: published (their batch then held open), consumed, applied.
-    service.until("/products/sku-3", "the product applied", |p| {
-        p["applied"] == 1
-    });
+    for sku in ["sku-1", "sku-2", "sku-3"] {
+        service.until(&format!("/products/{sku}"), "the product applied", |p| {
+            p["applied"] == 1
+        });
+    }
     let mut accepted = Vec::new();
     for i in 0..20 {
         let (status, body) = service.post_order(&format!("c{}", i % 4));
@@ -602,9 +604,11 @@ fn seek_group_back(names: &Names) {
 fn a_product_event_redelivered_by_a_seek_back_changes_nothing() {
     let names = names();
     let service = Service::start(&names, &["--delay-ms", "0"]);
-    service.until("/products/sku-3", "the products applied", |p| {
-        p["applied"] == 1
-    });
+    for sku in ["sku-1", "sku-2", "sku-3"] {
+        service.until(&format!("/products/{sku}"), "the products applied", |p| {
+            p["applied"] == 1
+        });
+    }
     service.until("/stats", "the offsets committed", |s| {
         s["consumer"]["commits"].as_u64() >= Some(1)
     });
