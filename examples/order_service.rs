@@ -1,7 +1,8 @@
 //! order_service: the seed's service on real components. An HTTP server writes orders to
 //! PostgreSQL and their events to the outbox in the same transaction; a relay publishes
 //! them to Kafka (`order-events`); a consumer applies `product-events` to a products table
-//! through a transactional inbox; a periodic cleaner deletes expired orders. SIGTERM shuts
+//! through a transactional inbox; a periodic cleaner deletes expired orders (and inbox rows
+//! older than any redelivery). SIGTERM shuts
 //! it down in the seed's order, within the seed's budget, and prints the report.
 //!
 //! - `POST /orders` with `{"customer": "c1", "sku": "sku-1", "quantity": 2}`: the order row
@@ -158,6 +159,9 @@ impl Config {
         format!("{}{name}", self.topic_prefix)
     }
 }
+
+/// How long the inbox remembers an applied event: longer than the topic keeps it.
+const INBOX_KEEP: Duration = Duration::from_secs(8 * 24 * 3600);
 
 /// How to get the services, for the messages that need them.
 const START_SERVICES: &str = "start the throwaway PostgreSQL and broker that scripts/test uses with\n  eval \"$(scripts/services start)\"\nwhich sets DATABASE_URL and KAFKA_BROKERS";
@@ -368,7 +372,20 @@ async fn serve(config: Config) -> Result<ExitCode, String> {
         .with_name("cleaner")
         .spawn(background.clone(), {
             let (pool, table, ttl) = (pool.clone(), Arc::clone(&orders_table), config.order_ttl);
-            move |token| clean(pool.clone(), Arc::clone(&table), ttl, token)
+            let inbox = inbox.clone();
+            move |token| {
+                let (pool, table, inbox) = (pool.clone(), Arc::clone(&table), inbox.clone());
+                async move {
+                    clean(pool, table, ttl, token).await;
+                    // The inbox's record of applied events, past any redelivery the topic's
+                    // retention (7 days by default) still allows.
+                    match inbox.purge_before(INBOX_KEEP, 10_000).await {
+                        Ok(0) => {}
+                        Ok(n) => tracing::info!(purged = n, "old inbox rows deleted"),
+                        Err(e) => tracing::warn!(error = %e, "purging the inbox"),
+                    }
+                }
+            }
         });
 
     // A few product events, through the outbox like any other.

@@ -74,11 +74,20 @@ fn free_port() -> u16 {
     listener.local_addr().expect("its address").port()
 }
 
-/// Polls `done` every 50 ms for up to `limit`.
-async fn wait_until(what: &str, limit: Duration, mut done: impl AsyncFnMut() -> bool) {
+/// Polls `done` every 50 ms for up to `limit`; on a timeout, says what the store holds.
+async fn wait_until(
+    what: &str,
+    limit: Duration,
+    store: &PgStore,
+    mut done: impl AsyncFnMut() -> bool,
+) {
     let start = std::time::Instant::now();
     while !done().await {
-        assert!(start.elapsed() < limit, "timed out waiting for {what}");
+        if start.elapsed() >= limit {
+            let stats = store.stats().await;
+            let parked = store.parked(5).await;
+            panic!("timed out waiting for {what}: {stats:?}, parked: {parked:?}");
+        }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
@@ -121,9 +130,12 @@ async fn the_broker_stopped_for_a_minute_and_started_again_loses_nothing() {
     support::commit_each(&store, before.clone()).await;
     // A producer whose first requests met a broker still starting under load can go silent
     // too; the relay then replaces it, which takes a few stalled batches.
-    wait_until("the first events", Duration::from_secs(120), async || {
-        store.pending().await.unwrap() == 0
-    })
+    wait_until(
+        "the first events",
+        Duration::from_secs(120),
+        &store,
+        async || store.pending().await.unwrap() == 0,
+    )
     .await;
     let first = {
         let brokers = brokers.clone();
@@ -171,6 +183,7 @@ async fn the_broker_stopped_for_a_minute_and_started_again_loses_nothing() {
     wait_until(
         "the events written while it was down",
         Duration::from_secs(120),
+        &store,
         async || store.pending().await.unwrap() == 0,
     )
     .await;
@@ -283,6 +296,7 @@ async fn postgres_restarts_while_relays_run_and_nothing_is_lost() {
     wait_until(
         "a third of the writes",
         Duration::from_secs(60),
+        &store,
         async || committed.lock().unwrap().len() >= 100,
     )
     .await;
@@ -294,6 +308,7 @@ async fn postgres_restarts_while_relays_run_and_nothing_is_lost() {
     wait_until(
         "every committed event",
         Duration::from_secs(60),
+        &store,
         async || {
             let published: HashSet<EventId> =
                 publisher.published().iter().map(|p| p.event_id).collect();
