@@ -76,6 +76,7 @@ pub mod consume;
 mod error;
 mod event;
 mod headers;
+mod lock;
 mod nudge;
 mod publish;
 mod relay;

@@ -23,10 +23,7 @@ pub const DEAD_LETTER_ORIGIN_HEADER: &str = "dead_letter_origin";
 /// The header of a dead-lettered message that holds how many attempts failed.
 pub const DEAD_LETTER_ATTEMPTS_HEADER: &str = "dead_letter_attempts";
 
-/// Locks, carrying on after a panic elsewhere (the data is plain counters and lists).
-pub(crate) fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(PoisonError::into_inner)
-}
+pub(crate) use crate::lock::lock;
 
 /// The consumer's counters, shared by the poll thread and the workers.
 #[derive(Default)]

@@ -1,13 +1,14 @@
 //! `MemoryPublisher`: records what it is sent, with injectable failures and ack delays.
 
 use std::fmt;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::future::BoxFuture;
 
 use crate::error::PublishError;
 use crate::event::{EVENT_ID_HEADER, EventId, OutboxRecord, SEQUENCE_HEADER};
+use crate::lock::lock;
 use crate::publish::Publisher;
 
 type Fault = Box<dyn FnMut(&OutboxRecord) -> Option<PublishError> + Send>;
@@ -193,10 +194,4 @@ impl Publisher for MemoryPublisher {
             Ok(())
         }))
     }
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }

@@ -75,6 +75,16 @@ async fn produce(topic: &str, messages: &[Out]) {
     }
 }
 
+/// A topic of `partitions` holding `n` messages (payloads "0", "1", …) over `keys` keys.
+async fn keyed_topic(partitions: i32, n: usize, keys: usize) -> String {
+    let topic = create_topic(partitions).await;
+    let messages: Vec<Out> = (0..n)
+        .map(|i| out(format!("k{}", i % keys), format!("{i}")))
+        .collect();
+    produce(&topic, &messages).await;
+    topic
+}
+
 /// Waits (up to 60 s) until `done` holds.
 async fn eventually(what: &str, mut done: impl FnMut() -> bool) {
     let start = std::time::Instant::now();
@@ -142,11 +152,7 @@ fn fast_retry() -> RetryPolicy {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn partitions_in_parallel_each_in_order_and_committed_after_handling() {
-    let topic = create_topic(3).await;
-    let messages: Vec<Out> = (0..150)
-        .map(|i| out(format!("k{}", i % 15), format!("{i}")))
-        .collect();
-    produce(&topic, &messages).await;
+    let topic = keyed_topic(3, 150, 15).await;
     let group = unique_name("g");
     let (running, peak) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
     let seen: Seen = Arc::default();
@@ -378,11 +384,7 @@ async fn a_stop_lets_the_handler_in_flight_finish_or_reports_it_and_commits_noth
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rebalance_commits_what_finished_and_the_new_member_goes_on_from_there() {
-    let topic = create_topic(4).await;
-    let messages: Vec<Out> = (0..400)
-        .map(|i| out(format!("k{}", i % 20), format!("{i}")))
-        .collect();
-    produce(&topic, &messages).await;
+    let topic = keyed_topic(4, 400, 20).await;
     let group = unique_name("g");
     let (first_seen, second_seen): (Seen, Seen) = (Arc::default(), Arc::default());
     // Heartbeats every 200 ms: the first member hears of the second one soon.
