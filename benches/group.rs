@@ -30,7 +30,7 @@ fn spawn_and_wait(c: &mut Criterion) {
         group.bench_function(BenchmarkId::new("TaskGroup", TASKS), |b| {
             b.iter(|| {
                 runtime.block_on(async {
-                    let mut tasks = TaskGroup::<()>::new(CancellationToken::new());
+                    let tasks = TaskGroup::<()>::new(CancellationToken::new());
                     for i in 0..TASKS {
                         if tasks
                             .try_spawn(async move {

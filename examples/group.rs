@@ -40,7 +40,7 @@ async fn main() {
 
     println!("assembling a page from three sources:");
     let started = Instant::now();
-    let mut page = TaskGroup::new(root.clone());
+    let page = TaskGroup::new(root.clone());
     for (source, ms, fail) in [
         ("profile", 30, false),
         ("orders", 60, true),

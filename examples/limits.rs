@@ -7,8 +7,8 @@ mod support;
 use std::time::Duration;
 
 use futures::StreamExt;
-use taskweave::limit::{KeyedRateLimiter, Quota, RateLimitExt, RateLimiter, TickLimiter};
-use taskweave::semaphore::{AcquireError, Semaphore};
+use taskweave_limit::{KeyedRateLimiter, Quota, RateLimitExt, RateLimiter, TickLimiter};
+use taskweave_semaphore::{AcquireError, Semaphore};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 

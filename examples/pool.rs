@@ -6,7 +6,7 @@ mod support;
 
 use std::time::Duration;
 
-use taskweave::pool::{JobContext, TrySubmitError, WorkerPool, run};
+use taskweave_pool::{JobContext, TrySubmitError, WorkerPool, run};
 use tokio_util::sync::CancellationToken;
 
 #[tokio::main]

@@ -239,7 +239,7 @@ async fn pool(root: &CancellationToken) {
 
 async fn group(root: &CancellationToken) {
     println!("\n== group: the first failure cancels the rest; or collect every failure ==");
-    let mut page = TaskGroup::new(root.clone());
+    let page = TaskGroup::new(root.clone());
     for (source, ms, fails) in [
         ("profile", 10_u64, false),
         ("orders", 20, true),

@@ -156,6 +156,9 @@ struct SharedInput<S> {
 }
 
 /// The merged outputs of [`fan_out`].
+///
+/// `size_hint`: the results already waiting as the lower bound, no upper bound (the workers
+/// and the input decide); `(0, Some(0))` once it has ended.
 #[must_use = "streams do nothing unless polled"]
 pub struct FanOut<R> {
     // Boxed so that `FanOut` is `Unpin` (async-channel's receiver is not).

@@ -51,6 +51,11 @@ where
 }
 
 /// Stream returned by [`merge`].
+///
+/// `size_hint`: `0` as the lower bound, because a cancellation can end it at any time
+/// (tokio-stream's merge sums its inputs' lower bounds, which is right only without a token);
+/// the upper bound is the sum of the inputs' upper bounds while they all have one;
+/// `(0, Some(0))` once it has ended.
 #[must_use = "streams do nothing unless polled"]
 pub struct Merge<S> {
     streams: Vec<S>,

@@ -92,14 +92,18 @@ impl<L: Send + 'static, E: Send + 'static> CollectGroup<L, E> {
         }
     }
 
-    /// At most `limit` tasks run at once (zero refuses every spawn with `Full`).
+    /// At most `limit` tasks run at once.
     ///
     /// # Panics
     ///
-    /// Panics if a task was already spawned, or if `limit` exceeds tokio's maximum number of
+    /// Panics if `limit` is zero, if a task was already spawned, or if `limit` exceeds tokio's maximum number of
     /// semaphore permits (`usize::MAX >> 3`).
     #[must_use]
     pub fn with_limit(mut self, limit: usize) -> Self {
+        assert!(
+            limit > 0,
+            "CollectGroup::with_limit: limit must be greater than zero"
+        );
         assert!(
             self.tasks.is_empty() && self.next == 0,
             "CollectGroup::with_limit: set the limit before the first spawn"
@@ -137,7 +141,7 @@ impl<L: Send + 'static, E: Send + 'static> CollectGroup<L, E> {
     /// # Errors
     ///
     /// The future is handed back: [`SpawnError::Cancelled`] when the group's token is
-    /// cancelled, [`SpawnError::Full`] when the limit is zero.
+    /// cancelled.
     ///
     /// # Panics
     ///

@@ -1,4 +1,5 @@
-//! Errors: why a task of a group produced no success, and why a spawn was refused.
+//! Errors: why a task of a group produced no success. (A refused spawn is
+//! `taskweave_supervise::SpawnError`, re-exported at the crate root.)
 
 use std::error::Error;
 use std::fmt;
@@ -48,45 +49,3 @@ impl<E: fmt::Display> fmt::Display for TaskFailure<E> {
 
 // `E: Debug + Display` rather than `E: Error`, so that `anyhow::Error` works too.
 impl<E: fmt::Debug + fmt::Display> Error for TaskFailure<E> {}
-
-/// A spawn that was refused; the future is handed back.
-#[derive(PartialEq, Eq)]
-#[non_exhaustive]
-pub enum SpawnError<F> {
-    /// Every slot of the limit is taken ([`TaskGroup::try_spawn`](crate::TaskGroup::try_spawn)),
-    /// or the limit is zero, so no slot will ever free up.
-    Full(F),
-    /// The group's token is cancelled (a task failed, or the parent was cancelled): a new task
-    /// would only see a cancelled token.
-    Cancelled(F),
-}
-
-impl<F> SpawnError<F> {
-    /// Takes back the refused future.
-    #[must_use]
-    pub fn into_inner(self) -> F {
-        match self {
-            SpawnError::Full(future) | SpawnError::Cancelled(future) => future,
-        }
-    }
-}
-
-impl<F> fmt::Debug for SpawnError<F> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            SpawnError::Full(_) => f.write_str("Full(..)"),
-            SpawnError::Cancelled(_) => f.write_str("Cancelled(..)"),
-        }
-    }
-}
-
-impl<F> fmt::Display for SpawnError<F> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            SpawnError::Full(_) => "group full",
-            SpawnError::Cancelled(_) => "group cancelled",
-        })
-    }
-}
-
-impl<F> Error for SpawnError<F> {}

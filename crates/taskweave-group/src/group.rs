@@ -2,10 +2,12 @@
 
 use std::fmt;
 use std::future::Future;
+use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex, PoisonError};
+use std::task::Poll;
 
 use taskweave_supervise::{PanicError, catch_panic};
-use tokio::task::JoinSet;
+use tokio::task::{JoinError, JoinSet};
 use tokio_util::sync::CancellationToken;
 
 use crate::slots::{Slot, Slots};
@@ -18,20 +20,52 @@ use crate::{SpawnError, TaskFailure};
 ///   by the first failure, by the parent, and when [`wait`](Self::wait) returns.
 /// - [`wait`](Self::wait) returns the **first failure by time**. The failure is recorded before
 ///   the group's token is cancelled, so a sibling's "cancelled" error, which can only come
-///   after, never takes its place. Later failures are logged at debug and dropped.
+///   after, never takes its place. [`wait_all`](Self::wait_all) returns every failure, the
+///   first one first (conc's `WithCancelOnError` mode).
 /// - A panicking task is caught (logged with its backtrace), frees its slot, and becomes
 ///   [`TaskFailure::Panicked`]. `wait` never panics, unlike `JoinSet::join_all`, which
 ///   re-raises a task's panic in the caller.
 /// - With a limit, [`spawn`](Self::spawn) waits for a free slot and
 ///   [`try_spawn`](Self::try_spawn) hands the future back when the group is full.
+/// - Tasks can spawn siblings: [`spawner`](Self::spawner) gives a cheap, cloneable
+///   [`Spawner`] to move into a task (as Go's `errgroup.Go` may be called from inside a
+///   task). `wait` waits for the siblings too.
+/// - Finished tasks are reaped as the group goes on (at every spawn and every
+///   [`len`](Self::len)), so a long-lived group holds the tasks that are running, not every
+///   task it ever ran.
 /// - Dropping the group without waiting cancels its token and aborts its tasks.
+///
+/// # The error type
+///
+/// `E` is the error every task returns. When a task uses `?`, Rust cannot infer `E` from the
+/// task alone (`?` converts with `From`), so name it once on the group:
+///
+/// ```
+/// use taskweave_group::TaskGroup;
+/// use tokio_util::sync::CancellationToken;
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// let group = TaskGroup::<std::num::ParseIntError>::new(CancellationToken::new());
+/// group
+///     .spawn(async {
+///         let port: u16 = "8080".parse()?;
+///         assert_eq!(port, 8080);
+///         Ok(())
+///     })
+///     .await
+///     .unwrap();
+/// group.wait().await.unwrap();
+/// # }
+/// ```
 ///
 /// # Comparison to `JoinSet`
 ///
 /// `JoinSet` is the building block this type uses. Use `JoinSet` directly when every task's
 /// output matters and there is no "first error wins" policy; use `TaskGroup` for fan-out where
 /// one failure makes the rest pointless (assembling a page from several sources), and
-/// [`CollectGroup`](crate::CollectGroup) when every failure must be reported.
+/// [`CollectGroup`](crate::CollectGroup) when every failure must be reported without
+/// cancelling the others.
 ///
 /// # Examples
 ///
@@ -41,7 +75,7 @@ use crate::{SpawnError, TaskFailure};
 ///
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() {
-/// let mut group = TaskGroup::new(CancellationToken::new());
+/// let group = TaskGroup::new(CancellationToken::new());
 /// let token = group.token();
 /// group.spawn(async { Ok(()) }).await.unwrap();
 /// group.spawn(async { Err("profile service: 503") }).await.unwrap();
@@ -57,75 +91,134 @@ use crate::{SpawnError, TaskFailure};
 /// # }
 /// ```
 pub struct TaskGroup<E> {
-    token: CancellationToken,
-    tasks: JoinSet<()>,
-    slots: Slots,
-    shared: Arc<Shared<E>>,
+    inner: Arc<Inner<E>>,
 }
 
-/// What every task of the group holds: one `Arc` clone per task, rather than a token clone,
-/// which takes the token's lock on clone and on drop (all clones share that lock, so on a
-/// multi-thread runtime it was the dominant cost of a spawn).
-struct Shared<E> {
+/// A handle that spawns into a [`TaskGroup`], to move into its tasks; from
+/// [`TaskGroup::spawner`].
+///
+/// It spawns exactly as the group does (the same limit, the same refusals). Once the group
+/// has been waited for or dropped, every spawn is refused with [`SpawnError::Cancelled`].
+///
+/// A task that waits in [`spawn`](Self::spawn) for a slot holds its own slot meanwhile: when
+/// every running task does that, none can go on (as with Go's `errgroup.Go` under
+/// `SetLimit`). Inside tasks, prefer [`try_spawn`](Self::try_spawn) or leave headroom.
+///
+/// # Examples
+///
+/// A crawl where each page spawns its links:
+///
+/// ```
+/// use std::future::Future;
+/// use std::pin::Pin;
+/// use taskweave_group::{Spawner, TaskGroup};
+/// use tokio_util::sync::CancellationToken;
+///
+/// type Visit = Pin<Box<dyn Future<Output = Result<(), String>> + Send>>;
+///
+/// fn visit(spawner: Spawner<String>, depth: u32) -> Visit {
+///     Box::pin(async move {
+///         if depth > 0 {
+///             for _link in 0..2 {
+///                 let child = visit(spawner.clone(), depth - 1);
+///                 spawner.spawn(child).await.map_err(|refused| refused.to_string())?;
+///             }
+///         }
+///         Ok(())
+///     })
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// let group = TaskGroup::new(CancellationToken::new());
+/// group.spawn(visit(group.spawner(), 3)).await.unwrap();
+/// group.wait().await.unwrap(); // 1 + 2 + 4 + 8 pages, all waited for
+/// # }
+/// ```
+pub struct Spawner<E> {
+    inner: Arc<Inner<E>>,
+}
+
+/// What the group, its spawners and every task share: one `Arc` clone per task, rather than a
+/// token clone, which takes the token's lock on clone and on drop (all clones share that lock,
+/// so on a multi-thread runtime it was the dominant cost of a spawn).
+struct Inner<E> {
     token: CancellationToken,
-    first: Mutex<Option<TaskFailure<E>>>,
+    /// Behind a lock so that spawners (on other tasks) can spawn; it is never held across an
+    /// await, and no user code runs under it.
+    tasks: Mutex<JoinSet<()>>,
+    slots: Slots,
+    /// Every failure in the order recorded; the first is what `wait` returns.
+    failures: Mutex<Vec<TaskFailure<E>>>,
 }
 
 impl<E: Send + 'static> TaskGroup<E> {
     /// An empty group whose token is a child of `token`.
     #[must_use]
     pub fn new(token: CancellationToken) -> Self {
-        let token = token.child_token();
         TaskGroup {
-            token: token.clone(),
-            tasks: JoinSet::new(),
-            slots: Slots::default(),
-            shared: Arc::new(Shared {
-                token,
-                first: Mutex::new(None),
+            inner: Arc::new(Inner {
+                token: token.child_token(),
+                tasks: Mutex::new(JoinSet::new()),
+                slots: Slots::default(),
+                failures: Mutex::new(Vec::new()),
             }),
         }
     }
 
-    /// At most `limit` tasks run at once. A limit of zero refuses every spawn with
-    /// [`SpawnError::Full`] (it can never have a free slot).
+    /// At most `limit` tasks run at once.
     ///
     /// # Panics
     ///
-    /// Panics if a task was already spawned (the limit is set before the first spawn), or if
-    /// `limit` exceeds tokio's maximum number of semaphore permits (`usize::MAX >> 3`).
+    /// Panics if `limit` is zero (a group that can never run a task is a configuration
+    /// mistake; see the workspace's rule on zero limits), if a task was already spawned or a
+    /// [`Spawner`] taken (the limit is set first), or if `limit` exceeds tokio's maximum number
+    /// of semaphore permits (`usize::MAX >> 3`).
     #[must_use]
     pub fn with_limit(mut self, limit: usize) -> Self {
         assert!(
-            self.tasks.is_empty(),
-            "TaskGroup::with_limit: set the limit before the first spawn"
+            limit > 0,
+            "TaskGroup::with_limit: limit must be greater than zero"
         );
-        self.slots = Slots::limited(limit);
+        let inner = Arc::get_mut(&mut self.inner)
+            .filter(|inner| lock(&inner.tasks).is_empty())
+            .expect("TaskGroup::with_limit: set the limit before the first spawn");
+        inner.slots = Slots::limited(limit);
         self
     }
 
     /// The group's token, to hand to its tasks.
     #[must_use]
     pub fn token(&self) -> CancellationToken {
-        self.token.clone()
+        self.inner.token.clone()
+    }
+
+    /// A cloneable handle that spawns into this group, for its tasks to spawn siblings.
+    #[must_use]
+    pub fn spawner(&self) -> Spawner<E> {
+        Spawner {
+            inner: Arc::clone(&self.inner),
+        }
     }
 
     /// The limit, if one is set.
     #[must_use]
     pub fn limit(&self) -> Option<usize> {
-        self.slots.limit()
+        self.inner.slots.limit()
     }
 
-    /// Tasks spawned and not yet collected by `wait`.
+    /// Tasks spawned and not yet finished (finished ones are reaped first).
     #[must_use]
     pub fn len(&self) -> usize {
-        self.tasks.len()
+        let mut tasks = lock(&self.inner.tasks);
+        self.inner.reap(&mut tasks);
+        tasks.len()
     }
 
-    /// `true` when no task is pending.
+    /// `true` when no task is running.
     #[must_use]
     pub fn is_empty(&self) -> bool {
-        self.tasks.is_empty()
+        self.len() == 0
     }
 
     /// Spawns `future`, first waiting for a free slot when a limit is set.
@@ -133,7 +226,7 @@ impl<E: Send + 'static> TaskGroup<E> {
     /// # Errors
     ///
     /// The future is handed back: [`SpawnError::Cancelled`] when the group's token is
-    /// cancelled (before or while waiting), [`SpawnError::Full`] when the limit is zero.
+    /// cancelled (before or while waiting).
     ///
     /// # Panics
     ///
@@ -143,62 +236,35 @@ impl<E: Send + 'static> TaskGroup<E> {
     ///
     /// Cancel safe: if the returned future is dropped while waiting for a slot, nothing was
     /// spawned (the task's future is dropped with it).
-    pub async fn spawn<F>(&mut self, future: F) -> Result<(), SpawnError<F>>
+    pub async fn spawn<F>(&self, future: F) -> Result<(), SpawnError<F>>
     where
         F: Future<Output = Result<(), E>> + Send + 'static,
     {
-        let (future, slot) = self.slots.claim(&self.token, future).await?;
-        self.start(future, slot);
-        Ok(())
+        self.inner.spawn(future).await
     }
 
     /// Spawns `future` only if a slot is free now.
     ///
     /// # Errors
     ///
-    /// The future is handed back: [`SpawnError::Full`] when every slot is taken (or the
-    /// limit is zero), [`SpawnError::Cancelled`] when the group's token is cancelled.
+    /// The future is handed back: [`SpawnError::Full`] when every slot is taken,
+    /// [`SpawnError::Cancelled`] when the group's token is cancelled.
     ///
     /// # Panics
     ///
     /// Panics when called outside a tokio runtime.
-    pub fn try_spawn<F>(&mut self, future: F) -> Result<(), SpawnError<F>>
+    pub fn try_spawn<F>(&self, future: F) -> Result<(), SpawnError<F>>
     where
         F: Future<Output = Result<(), E>> + Send + 'static,
     {
-        let (future, slot) = self.slots.try_claim(&self.token, future)?;
-        self.start(future, slot);
-        Ok(())
+        self.inner.try_spawn(future)
     }
 
-    fn start<F>(&mut self, future: F, permit: Slot)
-    where
-        F: Future<Output = Result<(), E>> + Send + 'static,
-    {
-        let shared = Arc::clone(&self.shared);
-        self.tasks.spawn(async move {
-            let outcome = catch_panic("group-task", future).await;
-            let failure = match outcome {
-                Ok(Ok(())) => return,
-                Ok(Err(error)) => TaskFailure::Failed(error),
-                Err(panic) => TaskFailure::Panicked(panic),
-            };
-            let later = record_first(&shared.first, failure);
-            // Only after the failure is recorded: a sibling that fails because of this
-            // cancellation always comes second.
-            shared.token.cancel();
-            // And the slot is freed only after that (it is dropped with the task's future):
-            // a spawn waiting for it then sees the group cancelled, like Go's errgroup.
-            drop(permit);
-            // A later failure is dropped last: its `Drop` is user code, and if it panics, the
-            // books are already kept (`wait` sees a panicked task and goes on).
-            drop(later);
-        });
-    }
-
-    /// Waits for every task, cancels the group's token, and returns the first failure.
+    /// Waits for every task (siblings spawned meanwhile included), cancels the group's token,
+    /// and returns the first failure.
     ///
-    /// Never panics because of a task: panics were caught in the tasks.
+    /// Never panics because of a task: panics were caught in the tasks. The later failures
+    /// are dropped here (a panic in one's `Drop` is caught and logged).
     ///
     /// # Errors
     ///
@@ -208,43 +274,216 @@ impl<E: Send + 'static> TaskGroup<E> {
     ///
     /// Dropping the returned future drops the group: its token is cancelled and its tasks
     /// aborted.
-    pub async fn wait(mut self) -> Result<(), TaskFailure<E>> {
-        while let Some(joined) = self.tasks.join_next().await {
-            // A task cannot panic out of its `catch_panic`, and nobody else aborts it; a
-            // panicking destructor of its future is the one way to get here.
-            if let Err(error) = joined
-                && error.is_panic()
-            {
-                let panic = PanicError::from_panic("group-task", error.into_panic());
-                drop(record_first(
-                    &self.shared.first,
-                    TaskFailure::Panicked(panic),
-                ));
-                // As for a failure inside the task: the siblings are told to stop.
-                self.shared.token.cancel();
-            }
+    pub async fn wait(self) -> Result<(), TaskFailure<E>> {
+        let mut failures = self.finish().await.into_iter();
+        let first = failures.next();
+        for later in failures {
+            drop_quietly(later);
         }
-        self.token.cancel();
-        match lock(&self.shared.first).take() {
+        match first {
             Some(failure) => Err(failure),
             None => Ok(()),
         }
     }
+
+    /// Like [`wait`](Self::wait), but returns every failure: the first by time first, then the
+    /// others in the order they happened (typically the siblings' answers to the
+    /// cancellation). The first failure still cancels the rest, as with `wait`; this is conc's
+    /// `WithCancelOnError` mode. For independent tasks that must all run, use
+    /// [`CollectGroup`](crate::CollectGroup).
+    ///
+    /// # Errors
+    ///
+    /// Every failure, never an empty `Vec`.
+    ///
+    /// # Cancel safety
+    ///
+    /// As for [`wait`](Self::wait).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use taskweave_group::{TaskFailure, TaskGroup};
+    /// use tokio_util::sync::CancellationToken;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// let group = TaskGroup::new(CancellationToken::new());
+    /// let token = group.token();
+    /// group.spawn(async { Err("disk full".to_owned()) }).await.unwrap();
+    /// group
+    ///     .spawn(async move {
+    ///         token.cancelled().await;
+    ///         Err("upload: cancelled".to_owned())
+    ///     })
+    ///     .await
+    ///     .unwrap();
+    /// let failures = group.wait_all().await.unwrap_err();
+    /// let messages: Vec<String> = failures.iter().map(ToString::to_string).collect();
+    /// assert_eq!(messages, ["disk full", "upload: cancelled"]);
+    /// # }
+    /// ```
+    pub async fn wait_all(self) -> Result<(), Vec<TaskFailure<E>>> {
+        let failures = self.finish().await;
+        if failures.is_empty() {
+            Ok(())
+        } else {
+            Err(failures)
+        }
+    }
+
+    /// Waits until no task is left, then cancels the token and takes the failures.
+    async fn finish(&self) -> Vec<TaskFailure<E>> {
+        let inner = &self.inner;
+        std::future::poll_fn(|cx| {
+            let mut tasks = lock(&inner.tasks);
+            loop {
+                match tasks.poll_join_next(cx) {
+                    Poll::Ready(Some(joined)) => inner.joined(joined),
+                    Poll::Ready(None) => {
+                        // Under the lock: a spawner that takes it after this sees the token
+                        // cancelled and refuses, so no task starts after `wait` returned.
+                        inner.token.cancel();
+                        return Poll::Ready(());
+                    }
+                    Poll::Pending => return Poll::Pending,
+                }
+            }
+        })
+        .await;
+        std::mem::take(&mut *lock(&inner.failures))
+    }
 }
 
-/// Keeps `failure` if it is the first; otherwise hands it back, for the caller to drop
-/// outside the lock and after its own bookkeeping.
-fn record_first<E>(
-    first: &Mutex<Option<TaskFailure<E>>>,
-    failure: TaskFailure<E>,
-) -> Option<TaskFailure<E>> {
-    let mut slot = lock(first);
-    if slot.is_none() {
-        *slot = Some(failure);
-        None
-    } else {
-        tracing::debug!("task group: a later failure is dropped; the first one wins");
-        Some(failure)
+impl<E: Send + 'static> Spawner<E> {
+    /// Spawns `future` into the group, first waiting for a free slot when a limit is set.
+    ///
+    /// # Errors
+    ///
+    /// The future is handed back: [`SpawnError::Cancelled`] when the group's token is
+    /// cancelled (before or while waiting) or the group was waited for or dropped.
+    ///
+    /// # Panics
+    ///
+    /// Panics when called outside a tokio runtime.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: if the returned future is dropped while waiting for a slot, nothing was
+    /// spawned.
+    pub async fn spawn<F>(&self, future: F) -> Result<(), SpawnError<F>>
+    where
+        F: Future<Output = Result<(), E>> + Send + 'static,
+    {
+        self.inner.spawn(future).await
+    }
+
+    /// Spawns `future` into the group only if a slot is free now.
+    ///
+    /// # Errors
+    ///
+    /// The future is handed back: [`SpawnError::Full`] when every slot is taken,
+    /// [`SpawnError::Cancelled`] when the group's token is cancelled or the group is gone.
+    ///
+    /// # Panics
+    ///
+    /// Panics when called outside a tokio runtime.
+    pub fn try_spawn<F>(&self, future: F) -> Result<(), SpawnError<F>>
+    where
+        F: Future<Output = Result<(), E>> + Send + 'static,
+    {
+        self.inner.try_spawn(future)
+    }
+
+    /// The group's token.
+    #[must_use]
+    pub fn token(&self) -> CancellationToken {
+        self.inner.token.clone()
+    }
+}
+
+impl<E: Send + 'static> Inner<E> {
+    async fn spawn<F>(self: &Arc<Self>, future: F) -> Result<(), SpawnError<F>>
+    where
+        F: Future<Output = Result<(), E>> + Send + 'static,
+    {
+        let (future, slot) = self.slots.claim(&self.token, future).await?;
+        self.start(future, slot)
+    }
+
+    fn try_spawn<F>(self: &Arc<Self>, future: F) -> Result<(), SpawnError<F>>
+    where
+        F: Future<Output = Result<(), E>> + Send + 'static,
+    {
+        let (future, slot) = self.slots.try_claim(&self.token, future)?;
+        self.start(future, slot)
+    }
+
+    fn start<F>(self: &Arc<Self>, future: F, permit: Slot) -> Result<(), SpawnError<F>>
+    where
+        F: Future<Output = Result<(), E>> + Send + 'static,
+    {
+        let mut tasks = lock(&self.tasks);
+        // Checked under the lock that `finish` cancels under: nothing joins a group that
+        // has been waited for.
+        if self.token.is_cancelled() {
+            return Err(SpawnError::Cancelled(future));
+        }
+        self.reap(&mut tasks);
+        let inner = Arc::clone(self);
+        tasks.spawn(async move {
+            let outcome = catch_panic("group-task", future).await;
+            let failure = match outcome {
+                Ok(Ok(())) => return,
+                Ok(Err(error)) => TaskFailure::Failed(error),
+                Err(panic) => TaskFailure::Panicked(panic),
+            };
+            // The failure is recorded before the token is cancelled, so a sibling that fails
+            // because of this cancellation always comes second.
+            inner.record(failure);
+            // And the slot is freed only after that (it is dropped with the task's future):
+            // a spawn waiting for it then sees the group cancelled, like Go's errgroup.
+            drop(permit);
+        });
+        Ok(())
+    }
+
+    /// Collects the tasks that have finished, so that the set holds only running ones.
+    fn reap(&self, tasks: &mut JoinSet<()>) {
+        while let Some(joined) = tasks.try_join_next() {
+            self.joined(joined);
+        }
+    }
+
+    /// What a finished task left: nothing, unless its future panicked in its destructor (a
+    /// task cannot panic out of its `catch_panic`, and only the group's drop aborts).
+    fn joined(&self, joined: Result<(), JoinError>) {
+        if let Err(error) = joined
+            && error.is_panic()
+        {
+            let panic = PanicError::from_panic("group-task", error.into_panic());
+            self.record(TaskFailure::Panicked(panic));
+        }
+    }
+
+    /// Records `failure`, then cancels the siblings.
+    fn record(&self, failure: TaskFailure<E>) {
+        let mut failures = lock(&self.failures);
+        if !failures.is_empty() {
+            tracing::debug!("task group: a later failure; the first one wins");
+        }
+        failures.push(failure);
+        drop(failures);
+        self.token.cancel();
+    }
+}
+
+/// Drops a failure the caller will not see. Its `Drop` is user code: a panic there is caught
+/// and logged, so that `wait` never panics because of a task.
+fn drop_quietly<E>(failure: TaskFailure<E>) {
+    if let Err(payload) = std::panic::catch_unwind(AssertUnwindSafe(move || drop(failure))) {
+        let panic = PanicError::from_panic("group-task", payload);
+        tracing::error!(panic = %panic.message(), "task group: dropping a later failure panicked; ignored");
     }
 }
 
@@ -255,17 +494,39 @@ pub(crate) fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 impl<E> Drop for TaskGroup<E> {
     fn drop(&mut self) {
-        // The `JoinSet` aborts the tasks; the token tells the ones that are mid-poll elsewhere.
-        self.token.cancel();
+        // Spawners refuse from now on; the tasks that are mid-poll elsewhere see the token,
+        // and the rest are aborted now (spawners may keep the set itself alive).
+        self.inner.token.cancel();
+        lock(&self.inner.tasks).abort_all();
+        let failures = std::mem::take(&mut *lock(&self.inner.failures));
+        for failure in failures {
+            drop_quietly(failure);
+        }
+    }
+}
+
+impl<E> Clone for Spawner<E> {
+    fn clone(&self) -> Self {
+        Spawner {
+            inner: Arc::clone(&self.inner),
+        }
     }
 }
 
 impl<E> fmt::Debug for TaskGroup<E> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("TaskGroup")
-            .field("tasks", &self.tasks.len())
-            .field("limit", &self.slots.limit())
-            .field("cancelled", &self.token.is_cancelled())
+            .field("tasks", &lock(&self.inner.tasks).len())
+            .field("limit", &self.inner.slots.limit())
+            .field("cancelled", &self.inner.token.is_cancelled())
             .finish()
+    }
+}
+
+impl<E> fmt::Debug for Spawner<E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Spawner")
+            .field("cancelled", &self.inner.token.is_cancelled())
+            .finish_non_exhaustive()
     }
 }

@@ -1,9 +1,11 @@
 //! errgroup-style task groups on tokio.
 //!
 //! - [`TaskGroup`]: the first failure (by time) cancels the others and is what
-//!   [`wait`](TaskGroup::wait) returns; an optional limit with waiting
-//!   [`spawn`](TaskGroup::spawn) and non-waiting [`try_spawn`](TaskGroup::try_spawn); panics
-//!   become failures with a backtrace, never a panic in `wait`.
+//!   [`wait`](TaskGroup::wait) returns ([`wait_all`](TaskGroup::wait_all) returns them all,
+//!   the first first); an optional limit with waiting [`spawn`](TaskGroup::spawn) and
+//!   non-waiting [`try_spawn`](TaskGroup::try_spawn); tasks spawn siblings through a
+//!   [`Spawner`]; finished tasks are reaped as they end; panics become failures with a
+//!   backtrace, never a panic in `wait`.
 //! - [`CollectGroup`]: independent tasks, every failure reported with its label.
 //! - [`map_parallel`] and [`map_parallel_all`]: ordered parallel map, first-failure-cancels or
 //!   collect-all.
@@ -20,7 +22,7 @@
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() {
 //! let page = Arc::new(Mutex::new(Vec::new()));
-//! let mut group = TaskGroup::new(CancellationToken::new()).with_limit(2);
+//! let group = TaskGroup::new(CancellationToken::new()).with_limit(2);
 //! for source in ["header", "body", "footer"] {
 //!     let page = Arc::clone(&page);
 //!     let token = group.token();
@@ -47,6 +49,8 @@ mod map;
 mod slots;
 
 pub use collect::{CollectGroup, CollectReport};
-pub use error::{SpawnError, TaskFailure};
-pub use group::TaskGroup;
+pub use error::TaskFailure;
+pub use group::{Spawner, TaskGroup};
 pub use map::{map_parallel, map_parallel_all};
+/// Re-exported from `taskweave-supervise`, so that naming them needs no dependency on it.
+pub use taskweave_supervise::{PanicError, SpawnError};

@@ -20,7 +20,7 @@ pub(crate) struct Slots {
 
 /// Why no slot was had.
 pub(crate) enum NoSlot {
-    /// All taken (or the limit is zero).
+    /// All taken.
     Full,
     /// The token was cancelled while waiting.
     Cancelled,
@@ -28,6 +28,7 @@ pub(crate) enum NoSlot {
 
 impl Slots {
     pub(crate) fn limited(limit: usize) -> Self {
+        debug_assert!(limit > 0, "the groups refuse a zero limit");
         Slots {
             semaphore: Some(Arc::new(Semaphore::new(limit))),
             limit: Some(limit),
@@ -49,8 +50,8 @@ impl Slots {
         }
     }
 
-    /// A slot, waiting for one unless `token` is cancelled first. A zero limit never frees a
-    /// slot, so it is refused at once instead of waiting forever.
+    /// A slot, waiting for one unless `token` is cancelled first. (The groups refuse a zero
+    /// limit when it is set, so a wait here always ends.)
     pub(crate) async fn take(
         &self,
         token: &CancellationToken,
@@ -58,9 +59,6 @@ impl Slots {
         let Some(semaphore) = &self.semaphore else {
             return Ok(None);
         };
-        if self.limit == Some(0) {
-            return Err(NoSlot::Full);
-        }
         if let Ok(permit) = Arc::clone(semaphore).try_acquire_owned() {
             return Ok(Some(permit));
         }

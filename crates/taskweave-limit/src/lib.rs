@@ -44,6 +44,9 @@
 //! # }
 //! ```
 
+// docs.rs builds with `--cfg docsrs` on nightly: mark each feature-gated item.
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
 mod error;
 mod gcra;
 mod keyed;

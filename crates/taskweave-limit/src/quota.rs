@@ -130,6 +130,7 @@ impl fmt::Debug for Quota {
 
 /// governor's quota, unchanged: its replenish interval and burst size.
 #[cfg(feature = "governor")]
+#[cfg_attr(docsrs, doc(cfg(feature = "governor")))]
 impl From<governor::Quota> for Quota {
     fn from(quota: governor::Quota) -> Self {
         Quota {

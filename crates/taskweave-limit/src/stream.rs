@@ -58,6 +58,9 @@ impl<S: Stream> RateLimitExt for S {}
 
 pin_project! {
     /// Stream returned by [`RateLimitExt::rate_limited`].
+    ///
+    /// `size_hint`: the input's, plus the item held back for the limiter; `(0, Some(0))`
+    /// once it has ended.
     #[must_use = "streams do nothing unless polled"]
     pub struct RateLimited<S: Stream> {
         #[pin]
@@ -67,6 +70,33 @@ pin_project! {
         sleep: Pin<Box<Sleep>>,
         sleeping: bool,
         done: bool,
+    }
+}
+
+impl<S: Stream> RateLimited<S> {
+    /// The input.
+    #[must_use]
+    pub fn get_ref(&self) -> &S {
+        &self.stream
+    }
+
+    /// The input, mutably (items taken from it directly are not rate limited).
+    #[must_use]
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.stream
+    }
+
+    /// The pinned input.
+    #[must_use]
+    pub fn get_pin_mut(self: Pin<&mut Self>) -> Pin<&mut S> {
+        self.project().stream
+    }
+
+    /// The input, and the item taken from it that was waiting for the limiter (if any), so
+    /// that nothing taken is lost.
+    #[must_use]
+    pub fn into_inner(self) -> (S, Option<S::Item>) {
+        (self.stream, self.pending)
     }
 }
 

@@ -71,12 +71,41 @@ impl<S: Stream> OrDoneExt for S {}
 
 pin_project! {
     /// Stream returned by [`or_done`] and [`OrDoneExt::or_done`].
+    ///
+    /// `size_hint`: `0` as the lower bound (a cancellation can end it at any time) and the
+    /// input's upper bound; `(0, Some(0))` once it has ended.
     #[must_use = "streams do nothing unless polled"]
     pub struct OrDone<S> {
         #[pin]
         stream: S,
         watch: TokenWatch,
         done: bool,
+    }
+}
+
+impl<S> OrDone<S> {
+    /// The input.
+    #[must_use]
+    pub fn get_ref(&self) -> &S {
+        &self.stream
+    }
+
+    /// The input, mutably (taking items from it directly bypasses the token check).
+    #[must_use]
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.stream
+    }
+
+    /// The pinned input.
+    #[must_use]
+    pub fn get_pin_mut(self: Pin<&mut Self>) -> Pin<&mut S> {
+        self.project().stream
+    }
+
+    /// The input, without the token.
+    #[must_use]
+    pub fn into_inner(self) -> S {
+        self.stream
     }
 }
 

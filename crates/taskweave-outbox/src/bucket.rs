@@ -25,6 +25,7 @@ pub fn bucket_of(key: &[u8], buckets: u32) -> u32 {
 /// The 64-bit advisory-lock key that serialises writers of one key until they commit, so
 /// that outbox ids grow with commit order for each key. Salted with the table name so that
 /// two outboxes in one database do not wait on each other.
+#[cfg(feature = "postgres")]
 pub(crate) fn key_lock_id(table: &str, key: &[u8]) -> i64 {
     let bytes = table.as_bytes().iter().chain(&[0]).chain(key).copied();
     i64::from_ne_bytes(fnv1a(bytes).to_ne_bytes())
@@ -68,6 +69,7 @@ mod tests {
         assert!(seen.iter().all(|&n| n > 50), "{seen:?}");
     }
 
+    #[cfg(feature = "postgres")]
     #[test]
     fn lock_ids_differ_by_table() {
         assert_ne!(key_lock_id("a.events", b"k"), key_lock_id("b.events", b"k"));

@@ -114,6 +114,7 @@ impl From<StoreError> for EnqueueError {
 pub enum StoreError {
     /// The database driver's error.
     #[cfg(feature = "postgres")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
     Database(sqlx::Error),
     /// The outbox tables are missing or older than this crate: run
     /// [`migrate`](crate::migrate) first.
@@ -169,6 +170,7 @@ impl Error for StoreError {
 }
 
 #[cfg(feature = "postgres")]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 impl From<sqlx::Error> for StoreError {
     fn from(error: sqlx::Error) -> Self {
         Self::Database(error)

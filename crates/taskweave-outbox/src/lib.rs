@@ -70,11 +70,16 @@
 //! # }
 //! ```
 
+// docs.rs builds with `--cfg docsrs` on nightly: mark each feature-gated item.
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
 mod bucket;
 #[cfg(feature = "kafka")]
+#[cfg_attr(docsrs, doc(cfg(feature = "kafka")))]
 pub mod consume;
 mod error;
 mod event;
+#[cfg(feature = "postgres")]
 mod headers;
 mod lock;
 mod nudge;
@@ -89,6 +94,7 @@ pub use error::{EnqueueError, InvalidEvent, PublishError, PublishErrorKind, Stor
 pub use event::{EVENT_ID_HEADER, Event, EventId, Limits, OutboxRecord, SEQUENCE_HEADER};
 pub use nudge::Nudge;
 #[cfg(feature = "kafka")]
+#[cfg_attr(docsrs, doc(cfg(feature = "kafka")))]
 pub use publish::{KafkaDelivery, KafkaPublisher};
 pub use publish::{MemoryPublisher, Published, Publisher};
 pub use relay::{
@@ -97,10 +103,13 @@ pub use relay::{
 pub use retention::Retention;
 pub use retry::{FailedAttempt, NextAttempt, RetryPolicy};
 #[cfg(feature = "postgres")]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 #[doc(hidden)]
 pub use store::migrate_up_to;
 pub use store::{
     Batch, ClaimLimits, MemoryBatch, MemoryStore, MemoryTransaction, OutboxStats, ParkedEvent,
     Store,
 };
+#[cfg(feature = "postgres")]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub use store::{PgBatch, PgStore, Schema, migrate};

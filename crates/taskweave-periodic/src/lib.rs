@@ -43,3 +43,5 @@ pub use outcome::RunOutcome;
 pub use periodic::Periodic;
 pub use report::PeriodicReport;
 pub use schedule::{FirstRun, MissedTicks, Schedule};
+/// Re-exported from `taskweave-supervise`, so that naming it needs no dependency on it.
+pub use taskweave_supervise::TaskName;

@@ -10,6 +10,8 @@ use pin_project_lite::pin_project;
 
 pin_project! {
     /// Stream returned by [`PipelineExt::first`](crate::PipelineExt::first).
+    ///
+    /// `size_hint`: the input's, each bound capped at the items still to be taken.
     #[must_use = "streams do nothing unless polled"]
     pub struct First<S> {
         // `None` once `n` items are out: the input is dropped then.
@@ -33,6 +35,24 @@ impl<S> First<S> {
     #[must_use]
     pub fn get_ref(&self) -> Option<&S> {
         self.input.as_ref()
+    }
+
+    /// The input, mutably, until `n` items have been taken.
+    #[must_use]
+    pub fn get_mut(&mut self) -> Option<&mut S> {
+        self.input.as_mut()
+    }
+
+    /// The pinned input, until `n` items have been taken.
+    #[must_use]
+    pub fn get_pin_mut(self: Pin<&mut Self>) -> Option<Pin<&mut S>> {
+        self.project().input.as_pin_mut()
+    }
+
+    /// The input, if fewer than `n` items have been taken.
+    #[must_use]
+    pub fn into_inner(self) -> Option<S> {
+        self.input
     }
 
     /// Items still to be taken.

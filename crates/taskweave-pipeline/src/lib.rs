@@ -57,3 +57,5 @@ pub use ext::PipelineExt;
 pub use first::First;
 pub use pipeline::{DEFAULT_CAPACITY, MAX_CAPACITY, Pipeline};
 pub use stage::{Stage, StageEnd};
+/// Re-exported from `taskweave-supervise`, so that naming them needs no dependency on it.
+pub use taskweave_supervise::{PanicError, TaskName};

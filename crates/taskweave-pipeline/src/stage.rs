@@ -85,6 +85,9 @@ thread_local! {
 ///
 /// `Stage` is `Unpin`, and `Send` and `Sync` when `T: Send`.
 ///
+/// `size_hint`: the items already waiting in the stage's output as the lower bound; exactly
+/// those once the stage's task has closed its output; `(0, Some(0))` once it has ended.
+///
 /// # Cancel safety
 ///
 /// Reading with `StreamExt::next` is cancel safe: dropping the `next()` future (in a

@@ -8,6 +8,17 @@
 //!   a [`close_within`](WorkerPool::close_within) deadline that hands back unstarted jobs, an
 //!   optional [`Results`] stream, and [`PoolMetrics`].
 //!
+//! Two things to know first:
+//!
+//! - The [`Results`] stream ends only once nobody can submit any more (the pool closed, or
+//!   every handle dropped). Drain it while [`close`](WorkerPool::close) runs, or take it with
+//!   [`into_results`](WorkerPool::into_results), which gives up the reader's handle; a reader
+//!   holding a handle it never closes waits for ever.
+//! - `submit` takes a token of its own besides the pool's: the pool's token (or
+//!   [`WorkerPool::token`]) costs nothing extra, and a request's own token lets that request
+//!   give up waiting for queue space (see "Cost of the token" on
+//!   [`submit`](WorkerPool::submit)).
+//!
 //! # Example
 //!
 //! ```
@@ -43,3 +54,5 @@ pub use error::{JobError, JobResult, SubmitError, TrySubmitError};
 pub use pool::{
     CloseReport, MAX_WORKERS, Overflow, PoolMetrics, Results, WorkerPool, WorkerPoolBuilder,
 };
+/// Re-exported from `taskweave-supervise`, so that naming them needs no dependency on it.
+pub use taskweave_supervise::{PanicError, TaskName};

@@ -68,6 +68,10 @@ where
 pin_project! {
     /// Stream returned by [`reorder`].
     ///
+    /// `size_hint`: `0` as the lower bound (a cancellation can end it at any time); the upper
+    /// bound is the input's plus what the buffer holds plus one (a gap report), when the
+    /// input has one; `(0, Some(0))` once it has ended.
+    ///
     /// # Cancel safety
     ///
     /// As cancel safe as its input: a dropped `next()` future loses nothing that the input
@@ -97,6 +101,30 @@ impl<S, T> Reorder<S, T> {
     #[must_use]
     pub fn buffer(&self) -> &ReorderBuffer<T> {
         &self.buffer
+    }
+
+    /// The input.
+    #[must_use]
+    pub fn get_ref(&self) -> &S {
+        &self.input
+    }
+
+    /// The input, mutably (items taken from it directly skip the buffer).
+    #[must_use]
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.input
+    }
+
+    /// The pinned input.
+    #[must_use]
+    pub fn get_pin_mut(self: Pin<&mut Self>) -> Pin<&mut S> {
+        self.project().input
+    }
+
+    /// The input and the buffer, with the values it holds, so that nothing taken is lost.
+    #[must_use]
+    pub fn into_inner(self) -> (S, ReorderBuffer<T>) {
+        (self.input, self.buffer)
     }
 }
 

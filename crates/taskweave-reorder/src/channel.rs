@@ -307,6 +307,9 @@ impl<T> fmt::Debug for ReorderSender<T> {
 ///   then the values buffered after the gaps, in order; then it ends.
 /// - Dropping it makes every `send` fail with [`SendError::Closed`].
 ///
+/// `size_hint`: `(0, None)`: values may be waiting for a gap to fill, and the senders decide
+/// how many more come.
+///
 /// # Cancel safety
 ///
 /// Reading with `StreamExt::next` is cancel safe: a dropped `next()` loses no value.

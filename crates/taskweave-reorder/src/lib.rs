@@ -47,3 +47,5 @@ pub use channel::{ReorderReceiver, ReorderSender, SendError, reorder_channel};
 pub use error::{MissingIndices, PushError, ReorderError};
 pub use ext::ReorderExt;
 pub use map_ordered::{MAX_CONCURRENCY, MapOrdered, map_ordered};
+/// Re-exported from `taskweave-supervise`, so that naming it needs no dependency on it.
+pub use taskweave_supervise::PanicError;

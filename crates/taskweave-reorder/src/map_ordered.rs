@@ -226,6 +226,9 @@ where
 
 /// Stream returned by [`map_ordered`]: the results in input order.
 ///
+/// `size_hint`: `(0, None)`: a cancellation can end it at any time, and the input decides how
+/// many more come.
+///
 /// # Cancel safety
 ///
 /// Reading with `StreamExt::next` is cancel safe: a dropped `next()` future loses no result.

@@ -40,6 +40,9 @@
 //! # }
 //! ```
 
+// docs.rs builds with `--cfg docsrs` on nightly: mark each feature-gated item.
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
 mod budget;
 mod readiness;
 mod report;
@@ -50,3 +53,5 @@ pub use readiness::Readiness;
 pub use report::{ShutdownReport, StepKind, StepReport, StepStatus, Trigger};
 pub use runtime::block_on;
 pub use shutdown::{CriticalSection, PhaseContext, Shutdown};
+/// Re-exported from `taskweave-supervise`, so that naming it needs no dependency on it.
+pub use taskweave_supervise::PanicError;

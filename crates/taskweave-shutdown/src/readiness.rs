@@ -73,6 +73,7 @@ impl Readiness {
     /// # drop(app);
     /// ```
     #[cfg(feature = "axum")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
     pub fn axum_handler<S>(&self) -> axum::routing::MethodRouter<S>
     where
         S: Clone + Send + Sync + 'static,

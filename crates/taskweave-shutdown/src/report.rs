@@ -134,7 +134,7 @@ pub struct StepReport {
 /// The result of a shutdown: per step, in the order they ran.
 ///
 /// `Display` prints it as a table; [`log`](Self::log) sends it to `tracing`; with the
-/// `json` feature, [`to_json`](Self::to_json) gives it as JSON.
+/// `json` feature, `to_json` gives it as JSON.
 #[derive(Clone, Debug)]
 #[non_exhaustive]
 pub struct ShutdownReport {
@@ -211,6 +211,7 @@ impl ShutdownReport {
     /// # }
     /// ```
     #[cfg(feature = "json")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "json")))]
     #[must_use]
     pub fn to_json(&self) -> String {
         let millis = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);

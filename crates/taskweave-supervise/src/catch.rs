@@ -159,7 +159,7 @@ impl<F: Future> Future for CatchPanic<F> {
             Ok(Poll::Ready(output)) => Poll::Ready(Ok(output)),
             Err(payload) => {
                 let error = panic_error(this.name.clone(), payload.as_ref());
-                drop_payload(payload);
+                error.keep_payload(payload);
                 if !*this.log {
                     return Poll::Ready(Err(error));
                 }
@@ -215,7 +215,8 @@ fn install_hook() {
                 return;
             }
             let site = PanicSite {
-                message: info.payload_as_str().map(ToOwned::to_owned),
+                // `PanicHookInfo::payload_as_str` (1.91) is newer than our floor.
+                message: payload_str(info.payload()).map(ToOwned::to_owned),
                 location: info.location().map(ToString::to_string),
                 backtrace: Backtrace::force_capture(),
             };
@@ -250,6 +251,14 @@ fn take_site(message: &str) -> Option<PanicSite> {
                 .as_deref()
                 .is_none_or(|recorded| recorded == message)
         })
+}
+
+/// The payload's text, when it is a `&str` or a `String` (what `panic!` produces).
+fn payload_str(payload: &(dyn std::any::Any + Send)) -> Option<&str> {
+    payload
+        .downcast_ref::<&'static str>()
+        .copied()
+        .or_else(|| payload.downcast_ref::<String>().map(String::as_str))
 }
 
 fn payload_message(payload: &(dyn std::any::Any + Send)) -> String {

@@ -1,17 +1,19 @@
 //! Errors: a captured panic, a task that did not finish, and a refused spawn.
 
+use std::any::Any;
 use std::backtrace::{Backtrace, BacktraceStatus};
 use std::error::Error;
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use crate::TaskName;
 
 /// A panic caught inside a supervised task or future.
 ///
-/// Carries the task's name, the panic message, where it panicked and a backtrace captured at
-/// the panic site (see [`catch_panic`](crate::catch_panic) for how the backtrace is taken).
-/// Cheap to clone: the backtrace is shared.
+/// Carries the task's name, the panic message, where it panicked, a backtrace captured at
+/// the panic site (see [`catch_panic`](crate::catch_panic) for how the backtrace is taken),
+/// and the original payload, to re-raise ([`resume_unwind`](Self::resume_unwind)) or
+/// downcast ([`take_payload`](Self::take_payload)). Cheap to clone: the details are shared.
 ///
 /// # Examples
 ///
@@ -42,6 +44,25 @@ struct PanicDetails {
     message: String,
     location: Option<String>,
     backtrace: Backtrace,
+    /// The original payload, for `resume_unwind` or a downcast. Behind a lock so that
+    /// `PanicError` stays `Sync` (a payload is only `Send`); the clones share it, and the first
+    /// one to take it has it.
+    payload: Mutex<Option<Box<dyn Any + Send>>>,
+}
+
+impl Drop for PanicDetails {
+    fn drop(&mut self) {
+        // The payload is user data: if its `Drop` panics, that is not allowed to unwind into
+        // whatever drops the error (a worker, a report).
+        let payload = self
+            .payload
+            .get_mut()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        if let Some(payload) = payload {
+            crate::catch::drop_payload(payload);
+        }
+    }
 }
 
 impl PanicError {
@@ -66,9 +87,11 @@ impl PanicError {
         crate::catch::panic_error_from_payload(name.into(), payload)
     }
 
-    /// Like [`from_payload`](Self::from_payload), but takes the payload and drops it safely:
-    /// a payload is user data, and if its own `Drop` panics, that second payload is forgotten
-    /// (leaked) instead of unwinding into the code that caught the first panic.
+    /// Like [`from_payload`](Self::from_payload), but takes the payload and keeps it, for
+    /// [`resume_unwind`](Self::resume_unwind) or [`take_payload`](Self::take_payload). When the
+    /// error is dropped with its payload, the payload is dropped safely: it is user data, and
+    /// if its own `Drop` panics, that second payload is forgotten (leaked) instead of
+    /// unwinding into the code that dropped the error.
     ///
     /// # Examples
     ///
@@ -92,8 +115,82 @@ impl PanicError {
         payload: Box<dyn std::any::Any + Send>,
     ) -> PanicError {
         let error = Self::from_payload(name, payload.as_ref());
-        crate::catch::drop_payload(payload);
+        error.keep_payload(payload);
         error
+    }
+
+    pub(crate) fn keep_payload(&self, payload: Box<dyn Any + Send>) {
+        let mut slot = self
+            .details
+            .payload
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let previous = slot.replace(payload);
+        drop(slot);
+        if let Some(previous) = previous {
+            crate::catch::drop_payload(previous);
+        }
+    }
+
+    /// Takes the original panic payload out (the value given to `panic!` or `panic_any`), to
+    /// downcast it. The clones of this error share it: the first to take it has it, and
+    /// `None` comes back after that, or when the payload is unknown (an error made with
+    /// [`from_payload`](Self::from_payload), which only borrows it).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use taskweave_supervise::catch_panic;
+    ///
+    /// #[derive(Debug, PartialEq)]
+    /// struct Invariant(&'static str);
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// let panic = catch_panic("ledger", async { std::panic::panic_any(Invariant("balance < 0")) })
+    ///     .without_logging()
+    ///     .await
+    ///     .unwrap_err();
+    /// let payload = panic.take_payload().unwrap();
+    /// assert_eq!(*payload.downcast::<Invariant>().unwrap(), Invariant("balance < 0"));
+    /// assert!(panic.take_payload().is_none()); // taken once
+    /// # }
+    /// ```
+    #[must_use]
+    pub fn take_payload(&self) -> Option<Box<dyn Any + Send>> {
+        self.details
+            .payload
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
+    }
+
+    /// Re-raises the panic in the caller, with its original payload (as
+    /// [`std::panic::resume_unwind`] does; the panic hook does not run again). When the payload
+    /// was taken or is unknown, the message is raised instead, as a `String`.
+    ///
+    /// For a caller that wants a task's panic to be its own, as `JoinSet::join_all` does.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use taskweave_supervise::catch_panic;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// let panic = catch_panic("worker", async { panic!("boom") })
+    ///     .without_logging()
+    ///     .await
+    ///     .unwrap_err();
+    /// let again = std::panic::catch_unwind(move || panic.resume_unwind()).unwrap_err();
+    /// assert_eq!(*again.downcast::<&str>().unwrap(), "boom");
+    /// # }
+    /// ```
+    pub fn resume_unwind(self) -> ! {
+        let payload = self
+            .take_payload()
+            .unwrap_or_else(|| Box::new(self.message().to_owned()));
+        std::panic::resume_unwind(payload)
     }
 
     pub(crate) fn new(
@@ -108,6 +205,7 @@ impl PanicError {
                 message,
                 location,
                 backtrace,
+                payload: Mutex::new(None),
             }),
         }
     }
@@ -245,12 +343,16 @@ impl From<PanicError> for TaskError {
     }
 }
 
-/// [`Supervisor::spawn`](crate::Supervisor::spawn) refused the future; it is handed back.
+/// A refused spawn; the future is handed back, whatever the reason.
+///
+/// One type for every crate of the workspace that spawns on the caller's behalf: a
+/// [`Supervisor`](crate::Supervisor) refuses with `Closed`; the task groups of
+/// `taskweave-group` refuse with `Full` or `Cancelled` (and re-export this type).
 ///
 /// # Examples
 ///
 /// ```
-/// use taskweave_supervise::Supervisor;
+/// use taskweave_supervise::{SpawnError, Supervisor};
 /// use tokio_util::sync::CancellationToken;
 ///
 /// # #[tokio::main(flavor = "current_thread")]
@@ -258,41 +360,53 @@ impl From<PanicError> for TaskError {
 /// let supervisor = Supervisor::new(CancellationToken::new());
 /// supervisor.close();
 /// let refused = supervisor.spawn("report", async { "generated" }).unwrap_err();
-/// assert_eq!(refused.name(), "report");
+/// assert!(matches!(refused, SpawnError::Closed(_)));
+/// assert_eq!(refused.to_string(), "spawn refused: closed");
 /// // Nothing is lost: the caller decides what to do with the work.
 /// assert_eq!(refused.into_inner().await, "generated");
 /// # }
 /// ```
-pub struct SpawnError<F> {
-    pub(crate) name: TaskName,
-    pub(crate) future: F,
+#[derive(PartialEq, Eq)]
+#[non_exhaustive]
+pub enum SpawnError<F> {
+    /// The supervisor (or group) was closed: it takes no more tasks.
+    Closed(F),
+    /// Every slot of a limit is taken (only from the non-waiting `try_spawn`s).
+    Full(F),
+    /// The group's token is cancelled (a task failed, the parent was cancelled, or the group
+    /// was waited for): a new task would only see a cancelled token.
+    Cancelled(F),
 }
 
 impl<F> SpawnError<F> {
-    /// The name the refused task would have had.
-    #[must_use]
-    pub fn name(&self) -> &TaskName {
-        &self.name
-    }
-
     /// Takes back the refused future, to run it elsewhere or drop it knowingly.
     #[must_use]
     pub fn into_inner(self) -> F {
-        self.future
+        match self {
+            SpawnError::Closed(future)
+            | SpawnError::Full(future)
+            | SpawnError::Cancelled(future) => future,
+        }
     }
 }
 
 impl<F> fmt::Debug for SpawnError<F> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("SpawnError")
-            .field("name", &self.name)
-            .finish_non_exhaustive()
+        f.write_str(match self {
+            SpawnError::Closed(_) => "Closed(..)",
+            SpawnError::Full(_) => "Full(..)",
+            SpawnError::Cancelled(_) => "Cancelled(..)",
+        })
     }
 }
 
 impl<F> fmt::Display for SpawnError<F> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "supervisor closed, task `{}` refused", self.name)
+        f.write_str(match self {
+            SpawnError::Closed(_) => "spawn refused: closed",
+            SpawnError::Full(_) => "spawn refused: full",
+            SpawnError::Cancelled(_) => "spawn refused: cancelled",
+        })
     }
 }
 

@@ -266,7 +266,7 @@ impl Supervisor {
         let name = name.into();
         let runtime = current_runtime();
         let Some(registration) = self.register(&name) else {
-            return Err(SpawnError { name, future: make });
+            return Err(SpawnError::Closed(make));
         };
         let restart_loop = restart_loop(self.clone(), name.clone(), policy, make);
         Ok(self.launch(&runtime, name, registration, restart_loop, Result::is_err))

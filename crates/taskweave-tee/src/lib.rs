@@ -29,4 +29,6 @@ mod tee;
 
 pub use output::TeeOutput;
 pub use policy::{DEFAULT_CAPACITY, MAX_CAPACITY, MAX_OUTPUTS, Policy};
+/// Re-exported from `taskweave-supervise`, so that naming it needs no dependency on it.
+pub use taskweave_supervise::PanicError;
 pub use tee::{tee, tee_n, tee_with};

@@ -40,6 +40,9 @@ pub(crate) struct OutputState {
 ///
 /// `TeeOutput` is `Unpin`, and `Send` and `Sync` when `T: Send`.
 ///
+/// `size_hint`: the values already waiting for this output as the lower bound; exactly those
+/// once the tee has closed it; `(0, Some(0))` once it has ended.
+///
 /// # Cancel safety
 ///
 /// Reading with `StreamExt::next` is cancel safe: a dropped `next()` future loses no item.

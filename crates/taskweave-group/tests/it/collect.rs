@@ -200,3 +200,10 @@ proptest::proptest! {
         proptest::prop_assert_eq!(labels, sorted, "failures in spawn order");
     }
 }
+
+// The workspace's rule on zero limits (docs/architecture.md): it panics where it is set.
+#[test]
+#[should_panic(expected = "limit must be greater than zero")]
+fn a_zero_limit_is_a_programmer_error() {
+    let _ = CollectGroup::<u8, String>::new(CancellationToken::new()).with_limit(0);
+}

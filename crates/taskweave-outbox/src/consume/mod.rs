@@ -25,6 +25,7 @@ use crate::retry::RetryPolicy;
 use partition::{Counters, Partition, Workers, lock};
 
 #[cfg(feature = "postgres")]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub use inbox::{Inbox, InboxHandler, InboxStats, StalePolicy};
 pub use message::{HandleError, Handler, Received};
 pub use partition::{

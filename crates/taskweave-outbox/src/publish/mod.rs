@@ -12,6 +12,7 @@ mod kafka;
 mod memory;
 
 #[cfg(feature = "kafka")]
+#[cfg_attr(docsrs, doc(cfg(feature = "kafka")))]
 pub use kafka::{KafkaDelivery, KafkaPublisher};
 pub use memory::{MemoryPublisher, Published};
 

@@ -18,6 +18,7 @@ mod postgres;
 
 pub use memory::{MemoryBatch, MemoryStore, MemoryTransaction};
 #[cfg(feature = "postgres")]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub use postgres::{PgBatch, PgStore, Schema, migrate, migrate_up_to};
 
 /// What a relay may claim in one batch.

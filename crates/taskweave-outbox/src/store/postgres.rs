@@ -97,15 +97,18 @@ impl Schema {
     }
 
     /// The consumer inbox's table of applied events, quoted for SQL.
+    #[cfg(feature = "kafka")]
     pub(crate) fn inbox_table(&self) -> String {
         self.table("inbox")
     }
 
     /// The consumer inbox's table of each key's newest sequence, quoted for SQL.
+    #[cfg(feature = "kafka")]
     pub(crate) fn inbox_keys_table(&self) -> String {
         self.table("inbox_keys")
     }
 
+    #[cfg(feature = "kafka")]
     pub(crate) fn prefix(&self) -> &str {
         &self.prefix
     }

@@ -1,8 +1,10 @@
 //! `WorkerPool`: a long-lived pool of workers fed through a bounded queue.
 
 mod builder;
+mod close;
 mod metrics;
 mod results;
+mod submit;
 mod worker;
 
 use std::fmt;
@@ -10,7 +12,6 @@ use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Duration;
 
 use taskweave_supervise::{PanicError, Supervisor, TaskName};
 use tokio_util::sync::CancellationToken;
@@ -23,12 +24,17 @@ pub use results::Results;
 pub(crate) type ResultsQueue<R, E> = Queue<(u64, JobResult<R, E>)>;
 
 use crate::context::CancelState;
-use crate::queue::{Queue, TrySendError};
-use crate::{JobContext, JobResult, SubmitError, TrySubmitError};
+use crate::queue::Queue;
+use crate::{JobContext, JobResult};
 use builder::DropHook;
 use metrics::Counters;
 
 /// A fixed number of workers processing jobs from a bounded queue, for the life of a service.
+///
+/// **One trap first**: the optional [`Results`] stream ends only once nobody can submit any
+/// more (the pool closed, or every handle dropped). Reading it to its end while holding a
+/// handle that is never closed waits for ever; read it while `close` runs, or take it with
+/// [`into_results`](Self::into_results), which gives the reader's handle up.
 ///
 /// - [`submit`](Self::submit) waits for queue space (or drops the oldest job, or refuses,
 ///   per [`Overflow`]); [`try_submit`](Self::try_submit) never waits and hands the job back
@@ -120,29 +126,6 @@ impl<J, R, E> Shared<J, R, E> {
     /// Closes the queue (idempotent); blocked submitters wake up and get their job back.
     pub(crate) fn close_queue(&self) -> bool {
         self.queue.close()
-    }
-
-    /// Takes every accepted job that never started: those set aside by workers after a
-    /// cancellation and those still queued, sorted by index.
-    fn take_unstarted(&self) -> Vec<(u64, J)> {
-        let mut unstarted = std::mem::take(&mut *lock(&self.returned));
-        unstarted.extend(self.queue.drain());
-        unstarted.sort_unstable_by_key(|(index, _)| *index);
-        unstarted
-    }
-
-    /// After the last handle and the last worker are gone, nobody can hand the unstarted jobs
-    /// back: they are counted as dropped and passed to `on_dropped`, never silently lost.
-    pub(crate) fn abandon_leftovers(&self) {
-        let leftovers = self.take_unstarted();
-        if leftovers.is_empty() {
-            return;
-        }
-        Counters::add(&self.counters.dropped, leftovers.len() as u64);
-        tracing::warn!(pool = %self.name, jobs = leftovers.len(), "pool dropped after cancellation without close: unstarted jobs dropped");
-        for (index, job) in leftovers {
-            self.discard(index, job);
-        }
     }
 
     /// Hands a dropped job to `on_dropped`, or drops it. Both run user code, which may panic:
@@ -257,172 +240,20 @@ where
         }
     }
 
-    /// Queues `job`, waiting for space when the queue is full and the policy is
-    /// [`Overflow::Block`]. Returns the job's index, taken when the submission starts (a
-    /// refused submission leaves a gap; blocked submitters are not served in index order).
-    ///
-    /// With [`Overflow::Reject`] a full queue refuses at once; with [`Overflow::DropOldest`]
-    /// the oldest queued job makes room.
-    ///
-    /// # Errors
-    ///
-    /// The job is handed back in every case: [`SubmitError::Full`] (reject policy),
-    /// [`SubmitError::Closed`] (the pool is closed or its token cancelled, also while
-    /// waiting), [`SubmitError::Cancelled`] (`token` was cancelled while waiting for space).
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel safe in the sense that matters: if the future is dropped before it completes,
-    /// the job was not queued (it is dropped with the future) and the submission is counted
-    /// as not accepted. To keep the job on cancellation, pass the token instead:
-    /// `Cancelled(job)` hands it back.
-    ///
-    /// # Cost of the token
-    ///
-    /// Waiting on the token the pool was started with (or a clone of it), or on
-    /// [`token`](Self::token), costs nothing extra: their cancellation closes the queue, which
-    /// ends the wait. Any other token, a child of those included, is watched beside the wait
-    /// (a registration on the token for each wait that finds the queue full), and checked
-    /// before anything else: a cancelled one gives `Cancelled` even with room in the queue
-    /// (one lock of the token per submit). The pool's own tokens close the queue inside
-    /// `cancel()`, so a submit after their cancellation gets `Closed`.
-    pub async fn submit(&self, token: &CancellationToken, job: J) -> Result<u64, SubmitError<J>> {
-        let shared = &self.handle.shared;
-        let own = token == &shared.given || token == shared.cancel.token();
-        let index = shared.counters.next_index.fetch_add(1, Ordering::Relaxed);
-        // A cancellation observed before the job is taken wins, even with room in the queue.
-        // The pool's own tokens need no check: their cancellation closes the queue inside
-        // `cancel()`, so the queue answers `Closed` for them.
-        if !own && token.is_cancelled() {
-            Counters::add(&shared.counters.refused, 1);
-            return Err(SubmitError::Cancelled(job));
-        }
-        // Counts the submission as refused if this future is dropped before it resolves (or a
-        // drop callback unwinds through it): the job was then never accepted.
-        let mut unresolved = Unresolved::new(&shared.counters);
-        let (index, job) = match self.enqueue((index, job)) {
-            Ok(evicted) => {
-                unresolved.disarm();
-                self.drop_evicted(evicted);
-                return Ok(index);
-            }
-            Err(Refused::Full(item)) if shared.overflow == Overflow::Block => item,
-            Err(refused) => {
-                unresolved.disarm();
-                return Err(self.refuse(refused).into());
-            }
-        };
-        // Slow path: wait for room. The send keeps the job until it is queued, so however
-        // the wait ends, the job is either in the queue or back in our hands.
-        let mut send = shared.queue.send((index, job));
-        let (cancelled, unsent) = if own {
-            // Cancelling this token closes the queue (the pool's hook), which ends the send:
-            // no registration on the token. The common case (a service passes its token to
-            // the pool and to its submits) and the cheap one.
-            match (&mut send).await {
-                Ok(()) => (false, None),
-                Err(unsent) => (token.is_cancelled(), Some(unsent)),
-            }
-        } else {
-            // Any other token is watched beside the send. The pool's own cancellation closes
-            // the queue, which ends the send: no need to watch its token here.
-            let sent = tokio::select! {
-                biased;
-                () = token.cancelled() => None,
-                sent = &mut send => Some(sent),
-            };
-            match sent {
-                Some(Ok(())) => (false, None),
-                Some(Err(unsent)) => (false, Some(unsent)),
-                None => (true, send.into_item()),
-            }
-        };
-        unresolved.disarm();
-        let Some((index, job)) = unsent else {
-            return Ok(index);
-        };
-        if cancelled {
-            Counters::add(&shared.counters.refused, 1);
-            return Err(SubmitError::Cancelled(job));
-        }
-        Err(self.refuse(Refused::Closed((index, job))).into())
-    }
-
-    /// Queues `job` if that is possible without waiting. Returns the job's index.
-    ///
-    /// With [`Overflow::DropOldest`] a full queue drops its oldest job instead of refusing.
-    ///
-    /// # Errors
-    ///
-    /// [`TrySubmitError::Full`] with the job when the queue is full, or
-    /// [`TrySubmitError::Closed`] when the pool is closed.
-    pub fn try_submit(&self, job: J) -> Result<u64, TrySubmitError<J>> {
-        let counters = &self.handle.shared.counters;
-        let index = counters.next_index.fetch_add(1, Ordering::Relaxed);
-        let mut unresolved = Unresolved::new(counters);
-        match self.enqueue((index, job)) {
-            Ok(evicted) => {
-                unresolved.disarm();
-                self.drop_evicted(evicted);
-                Ok(index)
-            }
-            Err(refused) => {
-                unresolved.disarm();
-                Err(self.refuse(refused))
-            }
-        }
-    }
-
-    /// Counts a submission that was not accepted and turns it into the error for the caller.
-    fn refuse(&self, refused: Refused<J>) -> TrySubmitError<J> {
-        let counters = &self.handle.shared.counters;
-        Counters::add(&counters.refused, 1);
-        Counters::add(&counters.rejected, 1);
-        match refused {
-            Refused::Full((_, job)) => TrySubmitError::Full(job),
-            Refused::Closed((_, job)) => TrySubmitError::Closed(job),
-        }
-    }
-
-    /// One attempt to queue, applying the drop-oldest policy.
-    /// On success returns the job evicted to make room (drop-oldest); the caller settles its
-    /// own accounting first, then calls [`drop_evicted`](Self::drop_evicted), so that a
-    /// panicking `on_dropped` callback cannot make an accepted job look refused.
-    fn enqueue(&self, item: (u64, J)) -> Result<Option<(u64, J)>, Refused<J>> {
-        let shared = &self.handle.shared;
-        if shared.overflow == Overflow::DropOldest {
-            // The oldest job comes out and the new one goes in under the queue's lock: a close
-            // finds every accepted job either queued or evicted (then dropped, never both).
-            return shared
-                .queue
-                .try_send_evicting(item)
-                .map_err(Refused::Closed);
-        }
-        match shared.queue.try_send(item) {
-            Ok(()) => Ok(None),
-            Err(TrySendError::Full(item)) => Err(Refused::Full(item)),
-            Err(TrySendError::Closed(item)) => Err(Refused::Closed(item)),
-        }
-    }
-
-    /// Counts an evicted job as dropped and hands it to `on_dropped`.
-    fn drop_evicted(&self, evicted: Option<(u64, J)>) {
-        let Some((index, job)) = evicted else {
-            return;
-        };
-        let shared = &self.handle.shared;
-        Counters::add(&shared.counters.dropped, 1);
-        tracing::debug!(pool = %shared.name, job = index, "queue full: oldest job dropped");
-        shared.discard(index, job);
-    }
-
     /// Takes the results stream, if it was enabled with
     /// [`WorkerPoolBuilder::results`] and not taken yet.
     ///
-    /// Take it before closing (a close drops a stream nobody took), and drain it while
-    /// `close` runs: a full stream makes the workers wait, so a caller that awaits `close`
-    /// before reading more than the stream's capacity waits for ever. After a cancellation the
-    /// workers no longer wait on a full stream; outcomes that do not fit are only counted.
+    /// **The stream ends only when nobody can submit any more**: once the pool is closed
+    /// ([`close`](Self::close), [`close_within`](Self::close_within), its token) or every
+    /// handle is dropped, and the queued jobs are done. A caller that drains it while it still
+    /// holds a handle it never closes waits for ever. Either drain it while `close` runs (as
+    /// below), or give the handle up with the stream: [`into_results`](Self::into_results).
+    ///
+    /// Take it before closing (a close drops a stream nobody took), and drain it while jobs
+    /// run: a full stream makes the workers wait, so a caller that awaits `close` (or submits
+    /// everything) before reading more than the stream's capacity waits for ever too. After a
+    /// cancellation the workers no longer wait on a full stream; outcomes that do not fit are
+    /// only counted.
     ///
     /// # Examples
     ///
@@ -461,103 +292,45 @@ where
             .take()
     }
 
-    /// Stops intake, lets the queued jobs finish, and resolves when every worker has exited.
+    /// Gives up this handle and takes the results stream, so that the stream ends as soon as
+    /// the other handles are closed or dropped and the queued jobs are done (with no other
+    /// handle, at once after those jobs). The form that cannot hang on a handle held by the
+    /// reader: keep a clone for the submitter, which closes the pool (or drops its clone) when
+    /// it is done.
     ///
-    /// Idempotent: every call waits for the same end; the handed-back jobs (only when the
-    /// token was cancelled) go to the first call that collects them.
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel safe: dropping the future leaves the pool closed and draining; call again to
-    /// wait.
-    pub async fn close(&self) -> CloseReport<J> {
-        self.stop_intake();
-        let shared = &self.handle.shared;
-        shared.workers.wait().await;
-        self.finish(false)
-    }
-
-    /// Like [`close`](Self::close), but when `deadline` passes first, cancels the pool's token
-    /// (so running handlers see it and no queued job starts), waits for the running handlers
-    /// to return, and hands back every job that never started.
-    ///
-    /// Handlers are expected to honour their token: one that ignores it delays this call past
-    /// the deadline until it returns.
+    /// Returns `None` (and drops this handle) if the stream was not enabled or was taken.
     ///
     /// # Examples
     ///
     /// ```
-    /// use std::time::Duration;
+    /// use futures::StreamExt;
     /// use taskweave_pool::WorkerPool;
     /// use tokio_util::sync::CancellationToken;
     ///
-    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() {
-    /// let pool = WorkerPool::new(CancellationToken::new(), 1, 10, |context, _job: u32| async move {
-    ///     tokio::select! {
-    ///         () = context.cancelled() => Err("interrupted"),
-    ///         () = tokio::time::sleep(Duration::from_secs(1)) => Ok(()),
+    /// let pool = WorkerPool::builder(2, 4)
+    ///     .results(4)
+    ///     .spawn(CancellationToken::new(), |_context, n: u64| async move { Ok::<_, String>(n * n) });
+    /// let submitter = pool.clone();
+    /// let mut results = pool.into_results().unwrap();
+    /// tokio::spawn(async move {
+    ///     let token = submitter.token();
+    ///     for n in 0..100 {
+    ///         submitter.submit(&token, n).await.unwrap();
     ///     }
+    ///     // `submitter` is dropped here: the pool drains and the stream ends.
     /// });
-    /// for job in 0..5 {
-    ///     pool.try_submit(job).unwrap();
+    /// let mut sum = 0;
+    /// while let Some((_index, outcome)) = results.next().await {
+    ///     sum += outcome.unwrap();
     /// }
-    /// let report = pool.close_within(Duration::from_millis(2500)).await;
-    /// assert!(report.deadline_expired);
-    /// assert_eq!(report.metrics.completed, 2); // jobs 0 and 1
-    /// assert_eq!(report.interrupted, 1); // job 2 saw its token cancelled
-    /// assert_eq!(report.handed_back.iter().map(|(_, job)| *job).collect::<Vec<_>>(), [3, 4]);
+    /// assert_eq!(sum, (0..100).map(|n| n * n).sum::<u64>());
     /// # }
     /// ```
-    ///
-    /// # Panics
-    ///
-    /// Panics if `deadline` is zero.
-    ///
-    /// # Cancel safety
-    ///
-    /// Dropping the future before the deadline leaves the pool closed and draining, with the
-    /// deadline not applied.
-    pub async fn close_within(&self, deadline: Duration) -> CloseReport<J> {
-        assert!(
-            !deadline.is_zero(),
-            "WorkerPool::close_within: deadline must be greater than zero"
-        );
-        self.stop_intake();
-        let shared = &self.handle.shared;
-        let drained = tokio::time::timeout(deadline, shared.workers.wait()).await;
-        if drained.is_ok() {
-            return self.finish(false);
-        }
-        tracing::warn!(pool = %shared.name, ?deadline, in_flight = self.metrics().in_flight, "close deadline passed: cancelling handlers");
-        shared.cancel.cancel();
-        shared.workers.wait().await;
-        self.finish(true)
-    }
-
-    fn stop_intake(&self) {
-        let shared = &self.handle.shared;
-        if shared.close_queue() {
-            tracing::debug!(pool = %shared.name, "worker pool closing");
-        }
-        // A results stream nobody took can never be drained: drop it, so that no worker waits
-        // on it (its outcomes are then only counted).
-        // Taken out first, so that the stream's drop does not run under this lock.
-        let untaken = lock(&shared.results).take();
-        drop(untaken);
-    }
-
-    /// Hands back what is still queued (only after a cancellation) and reports.
-    fn finish(&self, deadline_expired: bool) -> CloseReport<J> {
-        let shared = &self.handle.shared;
-        let handed_back = shared.take_unstarted();
-        Counters::add(&shared.counters.handed_back, handed_back.len() as u64);
-        CloseReport {
-            handed_back,
-            interrupted: shared.counters.interrupted(),
-            deadline_expired,
-            metrics: self.metrics(),
-        }
+    #[must_use]
+    pub fn into_results(self) -> Option<Results<R, E>> {
+        self.results()
     }
 }
 
@@ -627,33 +400,6 @@ impl<J, R, E> Drop for Handle<J, R, E> {
     }
 }
 
-/// Counts a submission as refused unless disarmed: see `submit`.
-struct Unresolved<'a> {
-    counters: &'a Counters,
-    armed: bool,
-}
-
-impl<'a> Unresolved<'a> {
-    fn new(counters: &'a Counters) -> Self {
-        Unresolved {
-            counters,
-            armed: true,
-        }
-    }
-
-    fn disarm(&mut self) {
-        self.armed = false;
-    }
-}
-
-impl Drop for Unresolved<'_> {
-    fn drop(&mut self) {
-        if self.armed {
-            Counters::add(&self.counters.refused, 1);
-        }
-    }
-}
-
 impl<J, R, E> fmt::Debug for WorkerPool<J, R, E> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("WorkerPool")
@@ -662,11 +408,6 @@ impl<J, R, E> fmt::Debug for WorkerPool<J, R, E> {
             .field("metrics", &self.metrics())
             .finish_non_exhaustive()
     }
-}
-
-enum Refused<J> {
-    Full((u64, J)),
-    Closed((u64, J)),
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {

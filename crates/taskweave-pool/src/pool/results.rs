@@ -25,7 +25,9 @@ use crate::JobResult;
 /// the stream took and has not yet handed out, and as many queued behind them.
 ///
 /// Dropping the stream is allowed; outcomes are then only counted. The stream ends after the
-/// last worker has exited. `size_hint` reports the outcomes already buffered as its lower
+/// last worker has exited, which is only once nobody can submit any more (the pool closed or
+/// every handle dropped): a reader that holds a handle it never closes waits for ever; see
+/// [`WorkerPool::into_results`](crate::WorkerPool::into_results). `size_hint` reports the outcomes already buffered as its lower
 /// bound.
 #[must_use = "streams do nothing unless polled"]
 pub struct Results<R, E> {

@@ -37,16 +37,20 @@
 //! Checked by poll-level tests and a multi-thread stress test (`tests.rs`), and by loom
 //! models (`loom_models.rs`).
 
+mod recv;
+mod send;
+mod waiters;
+
 #[cfg(all(test, taskweave_loom))]
 use loom::sync::{Mutex, MutexGuard};
 use std::collections::VecDeque;
 use std::fmt;
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::PoisonError;
 #[cfg(not(all(test, taskweave_loom)))]
 use std::sync::{Mutex, MutexGuard};
-use std::task::{Context, Poll, Waker};
+use std::task::Waker;
+
+use waiters::Waiters;
 
 /// A bounded FIFO queue with async send and receive for any number of producers and
 /// consumers, and a close that ends both sides.
@@ -76,6 +80,23 @@ pub(crate) enum TryRecvError {
     Empty,
     /// Closed and empty: no item will ever come.
     Closed,
+}
+
+/// The future of [`Queue::send`]: `Ok` once the item is queued, `Err(item)` if the queue is
+/// closed first.
+///
+/// Cancel safe in the sense the pool needs: until it completes the item stays in the future,
+/// and [`into_item`](Self::into_item) takes it back (dropping the future drops it).
+pub(crate) struct SendFuture<'a, T> {
+    queue: &'a Queue<T>,
+    item: Option<T>,
+    waiter: Option<u64>,
+}
+
+/// The future of [`Queue::recv`].
+pub(crate) struct RecvFuture<'a, T> {
+    queue: &'a Queue<T>,
+    waiter: Option<u64>,
 }
 
 impl<T> Queue<T> {
@@ -161,15 +182,6 @@ impl<T> Queue<T> {
         Ok(evicted)
     }
 
-    /// Queues `item`, waiting for room. See [`SendFuture`].
-    pub(crate) fn send(&self, item: T) -> SendFuture<'_, T> {
-        SendFuture {
-            queue: self,
-            item: Some(item),
-            waiter: None,
-        }
-    }
-
     /// Takes the oldest item without waiting.
     pub(crate) fn try_recv(&self) -> Result<T, TryRecvError> {
         let mut state = self.lock();
@@ -186,97 +198,6 @@ impl<T> Queue<T> {
         Ok(item)
     }
 
-    /// Takes the oldest item, waiting for one; `None` once the queue is closed and empty.
-    ///
-    /// Cancel safe: a dropped `Recv` has taken no item.
-    pub(crate) fn recv(&self) -> RecvFuture<'_, T> {
-        RecvFuture {
-            queue: self,
-            waiter: None,
-        }
-    }
-
-    /// The receiving side for an owner that is not a future (a stream): `waiter` is the
-    /// owner's place in the wait list, to be given to [`leave_recv`](Self::leave_recv) when
-    /// the owner is dropped.
-    pub(crate) fn poll_recv(
-        &self,
-        waiter: &mut Option<u64>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<T>> {
-        let mut guard = self.lock();
-        let state = &mut *guard;
-        if let Some(item) = state.items.pop_front() {
-            let left = state.receivers.leave(waiter);
-            let sender = state.senders.pop();
-            drop(guard);
-            drop(left);
-            wake(sender);
-            return Poll::Ready(Some(item));
-        }
-        if state.closed {
-            let left = state.receivers.leave(waiter);
-            drop(guard);
-            drop(left);
-            return Poll::Ready(None);
-        }
-        let replaced = state.receivers.wait(waiter, &mut state.next_id, cx.waker());
-        drop(guard);
-        drop(replaced);
-        Poll::Pending
-    }
-
-    /// Like [`poll_recv`](Self::poll_recv), but moves every queued item into `into` under one
-    /// lock; as many waiting senders as items taken are woken. `Ready` with nothing added
-    /// means closed and empty.
-    pub(crate) fn poll_recv_all(
-        &self,
-        waiter: &mut Option<u64>,
-        cx: &mut Context<'_>,
-        into: &mut VecDeque<T>,
-    ) -> Poll<()> {
-        let mut guard = self.lock();
-        let state = &mut *guard;
-        if !state.items.is_empty() {
-            let taken = state.items.len();
-            into.extend(state.items.drain(..));
-            let left = state.receivers.leave(waiter);
-            let senders = state.senders.pop_up_to(taken);
-            drop(guard);
-            drop(left);
-            senders.into_iter().for_each(Waker::wake);
-            return Poll::Ready(());
-        }
-        if state.closed {
-            let left = state.receivers.leave(waiter);
-            drop(guard);
-            drop(left);
-            return Poll::Ready(());
-        }
-        let replaced = state.receivers.wait(waiter, &mut state.next_id, cx.waker());
-        drop(guard);
-        drop(replaced);
-        Poll::Pending
-    }
-
-    /// A receiver gives up its place; a wake-up it was given but did not use goes to the next
-    /// receiver.
-    pub(crate) fn leave_recv(&self, waiter: &mut Option<u64>) {
-        if waiter.is_none() {
-            return;
-        }
-        let mut state = self.lock();
-        let left = state.receivers.leave(waiter);
-        let next = if matches!(left, Left::Woken) && !state.items.is_empty() {
-            state.receivers.pop()
-        } else {
-            None
-        };
-        drop(state);
-        drop(left);
-        wake(next);
-    }
-
     /// Takes every queued item, oldest first; as many waiting senders as items taken are woken.
     pub(crate) fn drain(&self) -> Vec<T> {
         let mut state = self.lock();
@@ -288,21 +209,6 @@ impl<T> Queue<T> {
     }
 }
 
-#[cfg(test)]
-impl<T> Queue<T> {
-    /// The bookkeeping of both sides, `[listed receivers, woken receivers, listed senders,
-    /// woken senders]`: all zero once nobody waits and every wake-up was used or given up.
-    pub(crate) fn waiters(&self) -> [usize; 4] {
-        let state = self.lock();
-        [
-            state.receivers.list.len(),
-            state.receivers.woken.len(),
-            state.senders.list.len(),
-            state.senders.woken.len(),
-        ]
-    }
-}
-
 impl<T> fmt::Debug for Queue<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let state = self.lock();
@@ -311,209 +217,6 @@ impl<T> fmt::Debug for Queue<T> {
             .field("capacity", &self.capacity)
             .field("closed", &state.closed)
             .finish_non_exhaustive()
-    }
-}
-
-/// The future of [`Queue::send`]: `Ok` once the item is queued, `Err(item)` if the queue is
-/// closed first.
-///
-/// Cancel safe in the sense the pool needs: until it completes the item stays in the future,
-/// and [`into_item`](Self::into_item) takes it back (dropping the future drops it).
-pub(crate) struct SendFuture<'a, T> {
-    queue: &'a Queue<T>,
-    item: Option<T>,
-    waiter: Option<u64>,
-}
-
-impl<T> SendFuture<'_, T> {
-    /// The item, unless it was queued.
-    pub(crate) fn into_item(mut self) -> Option<T> {
-        self.item.take()
-    }
-}
-
-// The item is never pinned: the future only moves it into the queue.
-impl<T> Unpin for SendFuture<'_, T> {}
-
-impl<T> Future for SendFuture<'_, T> {
-    type Output = Result<(), T>;
-
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let this = &mut *self;
-        let queue = this.queue;
-        let mut guard = queue.lock();
-        let state = &mut *guard;
-        if state.closed {
-            let left = state.senders.leave(&mut this.waiter);
-            drop(guard);
-            drop(left);
-            return Poll::Ready(Err(this.take()));
-        }
-        if state.items.len() < queue.capacity {
-            state.items.push_back(this.take());
-            let left = state.senders.leave(&mut this.waiter);
-            let receiver = state.receivers.pop();
-            drop(guard);
-            drop(left);
-            wake(receiver);
-            return Poll::Ready(Ok(()));
-        }
-        let replaced = state
-            .senders
-            .wait(&mut this.waiter, &mut state.next_id, cx.waker());
-        drop(guard);
-        drop(replaced);
-        Poll::Pending
-    }
-}
-
-impl<T> SendFuture<'_, T> {
-    fn take(&mut self) -> T {
-        match self.item.take() {
-            Some(item) => item,
-            None => panic!("queue::SendFuture polled after it completed"),
-        }
-    }
-}
-
-impl<T> Drop for SendFuture<'_, T> {
-    fn drop(&mut self) {
-        if self.waiter.is_none() {
-            return;
-        }
-        let queue = self.queue;
-        let mut state = queue.lock();
-        let left = state.senders.leave(&mut self.waiter);
-        let next =
-            if matches!(left, Left::Woken) && !state.closed && state.items.len() < queue.capacity {
-                state.senders.pop()
-            } else {
-                None
-            };
-        drop(state);
-        drop(left);
-        wake(next);
-    }
-}
-
-/// The future of [`Queue::recv`].
-pub(crate) struct RecvFuture<'a, T> {
-    queue: &'a Queue<T>,
-    waiter: Option<u64>,
-}
-
-impl<T> Future for RecvFuture<'_, T> {
-    type Output = Option<T>;
-
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<T>> {
-        let this = &mut *self;
-        this.queue.poll_recv(&mut this.waiter, cx)
-    }
-}
-
-impl<T> Drop for RecvFuture<'_, T> {
-    fn drop(&mut self) {
-        self.queue.leave_recv(&mut self.waiter);
-    }
-}
-
-/// One side's waiters, longest waiting first, and those woken that have not yet used or
-/// given up their turn.
-#[derive(Default)]
-struct Waiters {
-    list: VecDeque<(u64, Waker)>,
-    /// Ids taken off `list` by [`pop`](Self::pop): one per wake-up in flight, so a short
-    /// list. A waiter that completes after a wake-up (the common case) is found here without
-    /// a walk of `list`.
-    woken: Vec<u64>,
-}
-
-/// What [`Waiters::leave`] found. It may hold a waker: drop it after the lock is released.
-#[must_use]
-enum Left {
-    /// Not waiting, or woken by a close (which leaves no turn to pass on).
-    Absent,
-    /// On the list, never woken.
-    Listed { _waker: Waker },
-    /// Woken, holding a turn it has not used.
-    Woken,
-}
-
-impl Waiters {
-    fn position(&self, id: u64) -> Option<usize> {
-        self.list.iter().position(|(listed, _)| *listed == id)
-    }
-
-    fn take_woken(&mut self, id: u64) -> bool {
-        match self.woken.iter().position(|woken| *woken == id) {
-            Some(at) => {
-                self.woken.swap_remove(at);
-                true
-            }
-            None => false,
-        }
-    }
-
-    /// Takes the longest waiter's waker, to wake once the lock is released.
-    fn pop(&mut self) -> Option<Waker> {
-        let (id, waker) = self.list.pop_front()?;
-        self.woken.push(id);
-        Some(waker)
-    }
-
-    /// The wakers of the `count` longest waiters (fewer if fewer wait).
-    fn pop_up_to(&mut self, count: usize) -> Vec<Waker> {
-        std::iter::from_fn(|| self.pop()).take(count).collect()
-    }
-
-    /// Every waker, for a close: each waiter then finds the queue closed, so none of them
-    /// holds a turn to pass on.
-    fn take_all(&mut self) -> Vec<Waker> {
-        self.list.drain(..).map(|(_, waker)| waker).collect()
-    }
-
-    /// Puts the waiter on the list, or refreshes its waker if it is on it. A waiter that was
-    /// woken and must wait again goes to the front: it has waited longest. Returns a waker it
-    /// replaced, to drop after the lock is released.
-    #[must_use]
-    fn wait(
-        &mut self,
-        waiter: &mut Option<u64>,
-        next_id: &mut u64,
-        waker: &Waker,
-    ) -> Option<Waker> {
-        let Some(id) = *waiter else {
-            let id = *next_id;
-            *next_id += 1;
-            *waiter = Some(id);
-            self.list.push_back((id, waker.clone()));
-            return None;
-        };
-        if !self.take_woken(id)
-            && let Some(at) = self.position(id)
-        {
-            let listed = &mut self.list[at].1;
-            if listed.will_wake(waker) {
-                return None;
-            }
-            return Some(std::mem::replace(listed, waker.clone()));
-        }
-        self.list.push_front((id, waker.clone()));
-        None
-    }
-
-    /// Takes the waiter off the list (if it is on it) and forgets its id.
-    fn leave(&mut self, waiter: &mut Option<u64>) -> Left {
-        let Some(id) = waiter.take() else {
-            return Left::Absent;
-        };
-        if self.take_woken(id) {
-            return Left::Woken;
-        }
-        match self.position(id).and_then(|at| self.list.remove(at)) {
-            Some((_, waker)) => Left::Listed { _waker: waker },
-            None => Left::Absent,
-        }
     }
 }
 

@@ -66,7 +66,11 @@ async fn spawn_after_close_is_refused_and_hands_the_future_back() {
     let refused = supervisor
         .spawn("late", async { "ran anyway" })
         .unwrap_err();
-    assert_eq!(refused.name(), "late");
+    assert!(matches!(
+        refused,
+        taskweave_supervise::SpawnError::Closed(_)
+    ));
+    assert_eq!(refused.to_string(), "spawn refused: closed");
     assert_eq!(refused.into_inner().await, "ran anyway");
     assert_eq!(supervisor.metrics().refused, 1);
     assert_eq!(supervisor.metrics().spawned, 0);

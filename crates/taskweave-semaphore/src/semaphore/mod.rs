@@ -1,5 +1,8 @@
 //! `Semaphore`: a fair, cancellable, resizable semaphore with a state of its own.
 
+mod resize;
+mod token;
+
 use std::fmt;
 use std::sync::{Arc, OnceLock};
 
@@ -121,68 +124,6 @@ impl Semaphore {
                 _watch: OnceLock::new(),
             }),
         }
-    }
-
-    /// Ties the semaphore to `token`, the lifetime of what it guards (the application's or a
-    /// component's token): when `token` is cancelled, the semaphore closes (inside the
-    /// `cancel()` call), so every waiter wakes and later acquires fail. A waiter whose own
-    /// token is cancelled gets [`AcquireError::Cancelled`], the others
-    /// [`AcquireError::Closed`].
-    ///
-    /// It also makes waits on `token` itself cheaper: `acquire(&token)` on the bound token
-    /// registers nothing on it and checks nothing of it, because the close ends the wait. A
-    /// wait on any other token (a request's child token, say) checks and registers on that
-    /// token, which is what a contended `acquire` costs above tokio's (see
-    /// `docs/benchmarks.md`). No task is spawned: this works outside a runtime too.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use taskweave_semaphore::{AcquireError, Semaphore};
-    /// use tokio_util::sync::CancellationToken;
-    ///
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() {
-    /// let shutdown = CancellationToken::new();
-    /// let api = Semaphore::new(1).with_token(shutdown.clone());
-    /// let held = api.acquire(&shutdown).await.unwrap();
-    ///
-    /// let waiter = {
-    ///     let (api, shutdown) = (api.clone(), shutdown.clone());
-    ///     tokio::spawn(async move { api.acquire(&shutdown).await.map(drop) })
-    /// };
-    /// tokio::task::yield_now().await;
-    /// shutdown.cancel();
-    /// assert!(api.is_closed(), "closed inside cancel()");
-    /// assert_eq!(waiter.await.unwrap(), Err(AcquireError::Cancelled));
-    /// drop(held);
-    /// # }
-    /// ```
-    ///
-    /// # Panics
-    ///
-    /// Panics if the semaphore was already cloned or tied to a token (tie it right after
-    /// construction).
-    #[must_use]
-    #[track_caller]
-    pub fn with_token(mut self, token: CancellationToken) -> Self {
-        assert!(
-            self.inner.bound.is_none(),
-            "Semaphore::with_token: the semaphore is already tied to a token"
-        );
-        let Some(inner) = Arc::get_mut(&mut self.inner) else {
-            panic!("Semaphore::with_token: tie the semaphore to its token before cloning it");
-        };
-        inner.bound = Some(token.clone());
-        let weak = Arc::downgrade(&self.inner);
-        let watch = TokenWatch::with_hook(&token, move || {
-            if let Some(inner) = weak.upgrade() {
-                inner.state.close();
-            }
-        });
-        // Set once: `bound` was `None`, so nobody set it before.
-        let _ = self.inner._watch.set(watch);
-        self
     }
 
     /// Waits for one permit, unless `token` is cancelled first (a token already cancelled
@@ -318,67 +259,6 @@ impl Semaphore {
     pub fn in_use(&self) -> usize {
         self.inner.state.in_use()
     }
-
-    /// Changes the capacity. Growing frees new permits at once (to waiters first). Shrinking
-    /// takes free permits away at once and retires held ones as they are released; permits
-    /// already held stay valid. A waiter asking for more than the new capacity fails with
-    /// [`AcquireError::TooLarge`].
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use taskweave_semaphore::Semaphore;
-    ///
-    /// let semaphore = Semaphore::new(4);
-    /// let held = semaphore.try_acquire_many(3).unwrap();
-    /// semaphore.resize(2);
-    /// assert_eq!((semaphore.capacity(), semaphore.available(), semaphore.in_use()), (2, 0, 3));
-    /// drop(held);
-    /// assert_eq!((semaphore.available(), semaphore.in_use()), (2, 0));
-    /// semaphore.resize(5);
-    /// assert_eq!(semaphore.available(), 5);
-    /// ```
-    ///
-    /// # Panics
-    ///
-    /// Panics if `capacity` is zero or larger than [`MAX_PERMITS`](Self::MAX_PERMITS).
-    pub fn resize(&self, capacity: usize) {
-        check_capacity("Semaphore::resize", capacity);
-        self.inner.state.resize(|_| capacity);
-    }
-
-    /// Adds `permits` to the capacity, in one step with any concurrent change (two callers
-    /// adding 1 each grow it by 2, where `resize(capacity() + 1)` twice may grow it by 1).
-    /// Returns the new capacity.
-    ///
-    /// # Panics
-    ///
-    /// Panics if the capacity would exceed [`MAX_PERMITS`](Self::MAX_PERMITS).
-    pub fn add_permits(&self, permits: usize) -> usize {
-        self.inner.state.resize(|old| {
-            let new = old.saturating_add(permits);
-            check_capacity("Semaphore::add_permits", new);
-            new
-        })
-    }
-
-    /// Takes `permits` off the capacity (saturating at 1), in one step with any concurrent
-    /// change: free permits go at once, held ones are retired as they come back. Returns the
-    /// new capacity.
-    pub fn forget_permits(&self, permits: usize) -> usize {
-        self.inner
-            .state
-            .resize(|old| old.saturating_sub(permits).max(1))
-    }
-}
-
-#[track_caller]
-fn check_capacity(what: &str, capacity: usize) {
-    assert!(capacity > 0, "{what}: capacity must be greater than zero");
-    assert!(
-        capacity <= MAX_PERMITS,
-        "{what}: capacity must be at most {MAX_PERMITS}"
-    );
 }
 
 impl Inner {

@@ -1,0 +1,94 @@
+//! `PhaseContext`: a phase's (or a resource's) view of the shutdown.
+
+use std::fmt;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use super::critical::{CriticalSection, open_section};
+use super::{Inner, lock};
+
+/// A phase's (or a resource's) view of the shutdown: its deadline, a token cancelled when
+/// the deadline passes, and a place to report what it abandoned.
+pub struct PhaseContext {
+    pub(super) name: String,
+    pub(super) deadline: Instant,
+    pub(super) cut_off: Instant,
+    pub(super) step: u64,
+    pub(super) inner: Arc<Inner>,
+    pub(super) token: CancellationToken,
+    pub(super) abandoned: Arc<Mutex<Vec<String>>>,
+}
+
+impl PhaseContext {
+    /// The step's name.
+    #[must_use]
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// When the step should be done: 90 % into its grant (tokio's clock). Its token is
+    /// cancelled then; the step is cut off at the end of its grant (later only while it
+    /// holds a [`critical_section`](Self::critical_section)), so the last 10 % is its time
+    /// to stop and report.
+    #[must_use]
+    pub fn deadline(&self) -> Instant {
+        self.deadline
+    }
+
+    /// The time left until [`deadline`](Self::deadline): pass it to a drain that takes a
+    /// timeout, such as `WorkerPool::close_within`.
+    #[must_use]
+    pub fn remaining(&self) -> Duration {
+        self.deadline.saturating_duration_since(Instant::now())
+    }
+
+    /// Cancelled at the [`deadline`](Self::deadline); the step has the rest of its grant to
+    /// notice, [`abandon`](Self::abandon) what it leaves, and return.
+    #[must_use]
+    pub fn token(&self) -> &CancellationToken {
+        &self.token
+    }
+
+    /// Records something the step leaves undone (jobs handed back, messages not flushed),
+    /// for the report.
+    pub fn abandon(&self, what: impl Into<String>) {
+        lock(&self.abandoned).push(what.into());
+    }
+
+    /// Opens a critical section owned by this step: while it is open the step is not cut
+    /// off at the end of its grant (it is waited for until the hard deadline), and the
+    /// shutdown's critical-section wait waits for it too. Sections opened with
+    /// [`Shutdown::critical_section`](crate::Shutdown::critical_section) (by components) do
+    /// not hold a step back.
+    ///
+    /// Returns `None` once the step is past the end of its grant, or the resources are
+    /// closing: do not start the work then.
+    #[must_use = "the critical section ends when the guard is dropped"]
+    pub fn critical_section(&self, name: impl Into<String>) -> Option<CriticalSection> {
+        if Instant::now() >= self.cut_off {
+            return None;
+        }
+        let mut state = lock(&self.inner.state);
+        if state.critical_closed_for_good {
+            return None;
+        }
+        Some(open_section(
+            &self.inner,
+            &mut state,
+            name.into(),
+            Some(self.step),
+        ))
+    }
+}
+
+impl fmt::Debug for PhaseContext {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PhaseContext")
+            .field("name", &self.name)
+            .field("remaining", &self.remaining())
+            .finish_non_exhaustive()
+    }
+}
