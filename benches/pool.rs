@@ -20,6 +20,11 @@
 //! per iteration, a few tens of µs): what two cores of this machine actually give, next to
 //! the nominal ideal of half the serial time.
 //!
+//! A second group, `pool/cancel_blocked_submitters`, has 10,000 tasks blocked in `submit` on a
+//! full pool cancelled at once (their requests timed out together), against the same on
+//! tokio's bounded mpsc raced against the token: the cost of taking every waiter off the
+//! queue's wait list.
+//!
 //! `cargo bench -p taskweave-benches --bench pool`; ratios in `docs/benchmarks.md`.
 
 #[path = "common.rs"]
@@ -346,5 +351,119 @@ fn pool(c: &mut Criterion) {
     }
 }
 
-criterion_group!(benches, pool);
+/// How many submitters wait on a full queue when their requests are cancelled together.
+const BLOCKED: u64 = 10_000;
+
+/// A pool whose one worker holds its job until the pool is cancelled and whose one queue slot
+/// is taken: every later `submit` waits.
+async fn full_pool(parent: &CancellationToken) -> WorkerPool<u64, (), String> {
+    let pool = WorkerPool::new(parent.clone(), 1, 1, |context, _job: u64| async move {
+        context.cancelled().await;
+        Ok(())
+    });
+    pool.try_submit(0).unwrap();
+    tokio::task::yield_now().await; // the worker takes job 0
+    pool.try_submit(1).unwrap();
+    pool
+}
+
+/// Lets every spawned submitter run up to its wait.
+async fn settle() {
+    for _ in 0..4 {
+        tokio::task::yield_now().await;
+    }
+}
+
+/// `BLOCKED` tasks wait in `submit` on a full pool, each with its request's token (one token
+/// shared, as when an overloaded service times out a wave of requests); the time from the
+/// cancellation to the last task's end.
+async fn cancel_blocked_worker_pool() -> Duration {
+    let parent = CancellationToken::new();
+    let pool = full_pool(&parent).await;
+    let requests = CancellationToken::new();
+    let mut submitters = JoinSet::new();
+    for job in 0..BLOCKED {
+        let (pool, requests) = (pool.clone(), requests.clone());
+        submitters.spawn(async move { pool.submit(&requests, job).await.is_err() });
+    }
+    settle().await;
+    let started = std::time::Instant::now();
+    requests.cancel();
+    let mut refused = 0;
+    while let Some(joined) = submitters.join_next().await {
+        refused += u64::from(joined.unwrap());
+    }
+    let elapsed = started.elapsed();
+    assert_eq!(refused, BLOCKED);
+    parent.cancel();
+    drop(pool.close().await);
+    elapsed
+}
+
+/// The same with tokio's bounded mpsc (its waiters are an intrusive list: O(1) removal), each
+/// send raced against the request's token.
+async fn cancel_blocked_tokio_mpsc() -> Duration {
+    let (sender, mut receiver) = tokio::sync::mpsc::channel::<u64>(1);
+    sender.send(0).await.unwrap();
+    let requests = CancellationToken::new();
+    let mut submitters = JoinSet::new();
+    for job in 0..BLOCKED {
+        let (sender, requests) = (sender.clone(), requests.clone());
+        submitters.spawn(async move {
+            tokio::select! {
+                biased;
+                () = requests.cancelled() => true,
+                sent = sender.send(job) => sent.is_err(),
+            }
+        });
+    }
+    settle().await;
+    let started = std::time::Instant::now();
+    requests.cancel();
+    let mut refused = 0;
+    while let Some(joined) = submitters.join_next().await {
+        refused += u64::from(joined.unwrap());
+    }
+    let elapsed = started.elapsed();
+    assert_eq!(refused, BLOCKED);
+    receiver.close();
+    elapsed
+}
+
+fn cancel_blocked(c: &mut Criterion) {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let mut group = c.benchmark_group("pool/cancel_blocked_submitters/current_thread");
+    group.throughput(Throughput::Elements(BLOCKED));
+    group.sample_size(20);
+    group.warm_up_time(Duration::from_millis(500));
+    group.measurement_time(Duration::from_secs(3));
+    group.bench_function(BenchmarkId::new("WorkerPool", BLOCKED), |b| {
+        b.iter_custom(|iters| {
+            runtime.block_on(async {
+                let mut total = Duration::ZERO;
+                for _ in 0..iters {
+                    total += cancel_blocked_worker_pool().await;
+                }
+                total
+            })
+        });
+    });
+    group.bench_function(BenchmarkId::new("tokio-mpsc+select", BLOCKED), |b| {
+        b.iter_custom(|iters| {
+            runtime.block_on(async {
+                let mut total = Duration::ZERO;
+                for _ in 0..iters {
+                    total += cancel_blocked_tokio_mpsc().await;
+                }
+                total
+            })
+        });
+    });
+    group.finish();
+}
+
+criterion_group!(benches, pool, cancel_blocked);
 criterion_main!(benches);

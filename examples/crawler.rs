@@ -182,7 +182,7 @@ async fn crawl(
             let mut pages = results.reorder(ordering_token, 64);
             while let Some(page) = pages.next().await {
                 let (url, bytes) = page??;
-                println!("  {url:<32} {bytes:>5} bytes");
+                println!("  {:<32} {bytes:>5} bytes", url.to_string());
                 counted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             }
             Ok(())

@@ -11,6 +11,7 @@ use futures::stream::FusedStream;
 
 use super::ResultsQueue;
 use crate::JobResult;
+use crate::queue::WaiterId;
 
 /// The outcomes of a [`WorkerPool`](crate::WorkerPool)'s jobs, `(index, outcome)` in the order
 /// they were delivered (completion order, except that under backpressure a worker that
@@ -33,7 +34,7 @@ use crate::JobResult;
 pub struct Results<R, E> {
     queue: Arc<ResultsQueue<R, E>>,
     /// This stream's place in the queue's wait list while it waits for an outcome.
-    waiter: Option<u64>,
+    waiter: Option<WaiterId>,
     /// Outcomes taken from the queue in one go, handed out one by one. Behind a `Mutex` only
     /// so that `Results` is `Sync` whenever the outcomes are `Send` (as with the queue);
     /// polling reaches it through `get_mut`, which takes no lock.

@@ -6,7 +6,7 @@ use std::pin::Pin;
 use std::task::{Context, Poll, Waker};
 
 use super::waiters::Left;
-use super::{Queue, RecvFuture, wake};
+use super::{Queue, RecvFuture, WaiterId, wake};
 
 impl<T> Queue<T> {
     /// Takes the oldest item, waiting for one; `None` once the queue is closed and empty.
@@ -24,7 +24,7 @@ impl<T> Queue<T> {
     /// the owner is dropped.
     pub(crate) fn poll_recv(
         &self,
-        waiter: &mut Option<u64>,
+        waiter: &mut Option<WaiterId>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<T>> {
         let mut guard = self.lock();
@@ -54,7 +54,7 @@ impl<T> Queue<T> {
     /// means closed and empty.
     pub(crate) fn poll_recv_all(
         &self,
-        waiter: &mut Option<u64>,
+        waiter: &mut Option<WaiterId>,
         cx: &mut Context<'_>,
         into: &mut VecDeque<T>,
     ) -> Poll<()> {
@@ -84,7 +84,7 @@ impl<T> Queue<T> {
 
     /// A receiver gives up its place; a wake-up it was given but did not use goes to the next
     /// receiver.
-    pub(crate) fn leave_recv(&self, waiter: &mut Option<u64>) {
+    pub(crate) fn leave_recv(&self, waiter: &mut Option<WaiterId>) {
         if waiter.is_none() {
             return;
         }

@@ -361,3 +361,62 @@ fn every_item_arrives_once_across_threads_with_abandoned_waits() {
         assert_eq!(sum.load(Ordering::Relaxed), ITEMS * (ITEMS - 1) / 2);
     });
 }
+
+// Issue 20: a cancelled waiter used to be found by a walk of the list; the list is now linked
+// through a slab. Whatever waiters leave, and in whatever order, the others keep their order
+// and nothing is left behind.
+#[test]
+fn senders_that_leave_from_anywhere_keep_the_others_in_order() {
+    let queue = full_queue(1);
+    let mut senders: Vec<_> = (100..164).map(|item| spawn(queue.send(item))).collect();
+    for sender in &mut senders {
+        assert_pending!(sender.poll());
+    }
+    // Every third one gives up (a cancelled submit), from the middle, both ends, in a scramble.
+    let mut kept = Vec::new();
+    for (at, sender) in senders.into_iter().enumerate() {
+        if at % 3 == 1 || at == 0 || at == 63 {
+            drop(sender);
+        } else {
+            kept.push(sender);
+        }
+    }
+    // The rest are served in the order they came, one per freed slot.
+    let mut received = Vec::new();
+    assert_eq!(queue.try_recv(), Ok(0));
+    for sender in &mut kept {
+        assert!(sender.is_woken(), "woken in arrival order");
+        assert!(assert_ready!(sender.poll()).is_ok());
+        received.push(queue.try_recv().unwrap());
+    }
+    let expected: Vec<u32> = (100..164)
+        .enumerate()
+        .filter(|(at, _)| !(at % 3 == 1 || *at == 0 || *at == 63))
+        .map(|(_, item)| item)
+        .collect();
+    assert_eq!(received, expected);
+    drop(kept);
+    assert_no_waiters(&queue);
+}
+
+#[test]
+fn ten_thousand_waiters_cancelled_at_once_leave_an_empty_list() {
+    let queue = full_queue(1);
+    let mut senders: Vec<_> = (0..10_000).map(|item| spawn(queue.send(item))).collect();
+    for sender in &mut senders {
+        assert_pending!(sender.poll());
+    }
+    assert_eq!(queue.waiters(), [0, 0, 10_000, 0]);
+    // Dropped newest first: the order a walk from the front handled worst.
+    while let Some(sender) = senders.pop() {
+        drop(sender);
+    }
+    assert_no_waiters(&queue);
+    // The slots are reused by new waiters without confusion.
+    let mut late = spawn(queue.send(7));
+    assert_pending!(late.poll());
+    assert_eq!(queue.try_recv(), Ok(0));
+    assert!(late.is_woken());
+    assert!(assert_ready!(late.poll()).is_ok());
+    assert_no_waiters(&queue);
+}

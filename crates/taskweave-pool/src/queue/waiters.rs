@@ -1,20 +1,56 @@
 //! The wait lists: one side's waiters, longest waiting first, and the wake-ups in flight.
+//!
+//! A list is doubly linked through a `Slab` (tokio's slab crate): a waiter's place is its slab
+//! key, so joining, leaving from anywhere (a cancelled `submit`), being woken and coming back
+//! are all O(1), whatever the number of waiters. A waiter that was woken keeps its slot, off
+//! the list, until it uses or gives up its turn.
 
-use std::collections::VecDeque;
 use std::task::Waker;
+
+use slab::Slab;
 
 #[cfg(test)]
 use super::Queue;
 
+/// Where a waiter is: its slot, and the sequence number it was given, so that a slot freed and
+/// reused by another waiter is never mistaken for it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct WaiterId {
+    key: usize,
+    seq: u64,
+}
+
+/// No neighbour.
+const NIL: usize = usize::MAX;
+
+struct Node {
+    seq: u64,
+    /// `Some` while listed; `None` once woken (off the list, holding a turn).
+    waker: Option<Waker>,
+    prev: usize,
+    next: usize,
+}
+
 /// One side's waiters, longest waiting first, and those woken that have not yet used or
 /// given up their turn.
-#[derive(Default)]
 pub(super) struct Waiters {
-    list: VecDeque<(u64, Waker)>,
-    /// Ids taken off `list` by [`pop`](Self::pop): one per wake-up in flight, so a short
-    /// list. A waiter that completes after a wake-up (the common case) is found here without
-    /// a walk of `list`.
-    woken: Vec<u64>,
+    nodes: Slab<Node>,
+    head: usize,
+    tail: usize,
+    listed: usize,
+    woken: usize,
+}
+
+impl Default for Waiters {
+    fn default() -> Self {
+        Waiters {
+            nodes: Slab::new(),
+            head: NIL,
+            tail: NIL,
+            listed: 0,
+            woken: 0,
+        }
+    }
 }
 
 /// What [`Waiters::leave`] found. It may hold a waker: drop it after the lock is released.
@@ -29,25 +65,66 @@ pub(super) enum Left {
 }
 
 impl Waiters {
-    fn position(&self, id: u64) -> Option<usize> {
-        self.list.iter().position(|(listed, _)| *listed == id)
+    /// The waiter's node, unless its slot was freed (a close took it off) or reused.
+    fn node_mut(&mut self, id: WaiterId) -> Option<&mut Node> {
+        self.nodes.get_mut(id.key).filter(|node| node.seq == id.seq)
     }
 
-    fn take_woken(&mut self, id: u64) -> bool {
-        match self.woken.iter().position(|woken| *woken == id) {
-            Some(at) => {
-                self.woken.swap_remove(at);
-                true
-            }
-            None => false,
+    fn unlink(&mut self, key: usize) {
+        let (prev, next) = {
+            let node = &self.nodes[key];
+            (node.prev, node.next)
+        };
+        match prev {
+            NIL => self.head = next,
+            prev => self.nodes[prev].next = next,
         }
+        match next {
+            NIL => self.tail = prev,
+            next => self.nodes[next].prev = prev,
+        }
+        self.listed -= 1;
+    }
+
+    fn link_back(&mut self, key: usize) {
+        let tail = self.tail;
+        {
+            let node = &mut self.nodes[key];
+            node.prev = tail;
+            node.next = NIL;
+        }
+        match tail {
+            NIL => self.head = key,
+            tail => self.nodes[tail].next = key,
+        }
+        self.tail = key;
+        self.listed += 1;
+    }
+
+    fn link_front(&mut self, key: usize) {
+        let head = self.head;
+        {
+            let node = &mut self.nodes[key];
+            node.prev = NIL;
+            node.next = head;
+        }
+        match head {
+            NIL => self.tail = key,
+            head => self.nodes[head].prev = key,
+        }
+        self.head = key;
+        self.listed += 1;
     }
 
     /// Takes the longest waiter's waker, to wake once the lock is released.
     pub(super) fn pop(&mut self) -> Option<Waker> {
-        let (id, waker) = self.list.pop_front()?;
-        self.woken.push(id);
-        Some(waker)
+        let key = self.head;
+        if key == NIL {
+            return None;
+        }
+        self.unlink(key);
+        self.woken += 1;
+        self.nodes[key].waker.take()
     }
 
     /// The wakers of the `count` longest waiters (fewer if fewer wait).
@@ -55,10 +132,20 @@ impl Waiters {
         std::iter::from_fn(|| self.pop()).take(count).collect()
     }
 
-    /// Every waker, for a close: each waiter then finds the queue closed, so none of them
-    /// holds a turn to pass on.
+    /// Every listed waker, for a close: each waiter then finds the queue closed, so none of
+    /// them holds a turn to pass on (their slots are freed; their ids no longer match).
     pub(super) fn take_all(&mut self) -> Vec<Waker> {
-        self.list.drain(..).map(|(_, waker)| waker).collect()
+        let mut wakers = Vec::with_capacity(self.listed);
+        let mut key = self.head;
+        while key != NIL {
+            let node = self.nodes.remove(key);
+            wakers.extend(node.waker);
+            key = node.next;
+        }
+        self.head = NIL;
+        self.tail = NIL;
+        self.listed = 0;
+        wakers
     }
 
     /// Puts the waiter on the list, or refreshes its waker if it is on it. A waiter that was
@@ -67,40 +154,66 @@ impl Waiters {
     #[must_use]
     pub(super) fn wait(
         &mut self,
-        waiter: &mut Option<u64>,
-        next_id: &mut u64,
+        waiter: &mut Option<WaiterId>,
+        next_seq: &mut u64,
         waker: &Waker,
     ) -> Option<Waker> {
         let Some(id) = *waiter else {
-            let id = *next_id;
-            *next_id += 1;
-            *waiter = Some(id);
-            self.list.push_back((id, waker.clone()));
+            let seq = *next_seq;
+            *next_seq += 1;
+            let key = self.nodes.insert(Node {
+                seq,
+                waker: Some(waker.clone()),
+                prev: NIL,
+                next: NIL,
+            });
+            self.link_back(key);
+            *waiter = Some(WaiterId { key, seq });
             return None;
         };
-        if !self.take_woken(id)
-            && let Some(at) = self.position(id)
-        {
-            let listed = &mut self.list[at].1;
-            if listed.will_wake(waker) {
-                return None;
+        match self.node_mut(id) {
+            Some(node) => match &mut node.waker {
+                Some(listed) if listed.will_wake(waker) => None,
+                Some(listed) => Some(std::mem::replace(listed, waker.clone())),
+                None => {
+                    // Woken, and must wait again.
+                    node.waker = Some(waker.clone());
+                    self.woken -= 1;
+                    self.link_front(id.key);
+                    None
+                }
+            },
+            None => {
+                // Taken off by a close, and waiting again (only before it saw the close).
+                let key = self.nodes.insert(Node {
+                    seq: id.seq,
+                    waker: Some(waker.clone()),
+                    prev: NIL,
+                    next: NIL,
+                });
+                self.link_front(key);
+                *waiter = Some(WaiterId { key, seq: id.seq });
+                None
             }
-            return Some(std::mem::replace(listed, waker.clone()));
         }
-        self.list.push_front((id, waker.clone()));
-        None
     }
 
     /// Takes the waiter off the list (if it is on it) and forgets its id.
-    pub(super) fn leave(&mut self, waiter: &mut Option<u64>) -> Left {
+    pub(super) fn leave(&mut self, waiter: &mut Option<WaiterId>) -> Left {
         let Some(id) = waiter.take() else {
             return Left::Absent;
         };
-        if self.take_woken(id) {
+        let Some(node) = self.node_mut(id) else {
+            return Left::Absent;
+        };
+        if node.waker.is_none() {
+            self.nodes.remove(id.key);
+            self.woken -= 1;
             return Left::Woken;
         }
-        match self.position(id).and_then(|at| self.list.remove(at)) {
-            Some((_, waker)) => Left::Listed { _waker: waker },
+        self.unlink(id.key);
+        match self.nodes.remove(id.key).waker {
+            Some(waker) => Left::Listed { _waker: waker },
             None => Left::Absent,
         }
     }
@@ -112,11 +225,15 @@ impl<T> Queue<T> {
     /// woken senders]`: all zero once nobody waits and every wake-up was used or given up.
     pub(crate) fn waiters(&self) -> [usize; 4] {
         let state = self.lock();
+        let [receivers, senders] = [&state.receivers, &state.senders];
+        for side in [receivers, senders] {
+            debug_assert_eq!(side.nodes.len(), side.listed + side.woken);
+        }
         [
-            state.receivers.list.len(),
-            state.receivers.woken.len(),
-            state.senders.list.len(),
-            state.senders.woken.len(),
+            receivers.listed,
+            receivers.woken,
+            senders.listed,
+            senders.woken,
         ]
     }
 }
