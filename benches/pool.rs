@@ -20,8 +20,8 @@
 //! per iteration, a few tens of µs): what two cores of this machine actually give, next to
 //! the nominal ideal of half the serial time.
 //!
-//! A second group, `pool/cancel_blocked_submitters`, has 10,000 tasks blocked in `submit` on a
-//! full pool cancelled at once (their requests timed out together), against the same on
+//! A second group, `pool/cancel_blocked_submitters`, has 10,000 and 100,000 tasks blocked in
+//! `submit` on a full pool cancelled at once (their requests timed out together), against the same on
 //! tokio's bounded mpsc raced against the token: the cost of taking every waiter off the
 //! queue's wait list.
 //!
@@ -32,6 +32,7 @@ mod common;
 
 use std::hint::black_box;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
@@ -352,7 +353,7 @@ fn pool(c: &mut Criterion) {
 }
 
 /// How many submitters wait on a full queue when their requests are cancelled together.
-const BLOCKED: u64 = 10_000;
+const BLOCKED: [u64; 2] = [10_000, 100_000];
 
 /// A pool whose one worker holds its job until the pool is cancelled and whose one queue slot
 /// is taken: every later `submit` waits.
@@ -367,34 +368,58 @@ async fn full_pool(parent: &CancellationToken) -> WorkerPool<u64, (), String> {
     pool
 }
 
-/// Lets every spawned submitter run up to its wait.
-async fn settle() {
-    for _ in 0..4 {
-        tokio::task::yield_now().await;
+/// One token per request, as a service gives each request its own deadline.
+fn request_tokens(blocked: u64) -> Vec<CancellationToken> {
+    (0..blocked).map(|_| CancellationToken::new()).collect()
+}
+
+/// Cancels the requests in one fixed shuffled order (requests with different deadlines
+/// time out in no particular order relative to their arrival in the queue).
+fn cancel_shuffled(requests: &[CancellationToken]) {
+    let mut order: Vec<usize> = (0..requests.len()).collect();
+    fastrand::Rng::with_seed(7).shuffle(&mut order);
+    for at in order {
+        requests[at].cancel();
     }
 }
 
-/// `BLOCKED` tasks wait in `submit` on a full pool, each with its request's token (one token
-/// shared, as when an overloaded service times out a wave of requests); the time from the
-/// cancellation to the last task's end.
-async fn cancel_blocked_worker_pool() -> Duration {
+/// Waits until every spawned submitter has run up to its wait: each counts itself in
+/// `started` in the poll that registers it as a waiter. (A few `yield_now`s are not enough:
+/// the current-thread runtime polls about 61 tasks between two polls of `block_on`'s future,
+/// and a submitter first polled after the cancellation never waits at all.)
+async fn settle(started: &AtomicU64, blocked: u64) {
+    while started.load(Ordering::Relaxed) < blocked {
+        tokio::task::yield_now().await;
+    }
+    // The last ones counted themselves just before their first wait: let them reach it.
+    tokio::task::yield_now().await;
+}
+
+/// `BLOCKED` tasks wait in `submit` on a full pool, each with its request's token; the
+/// requests are then cancelled together, in a shuffled order (an overloaded service timing
+/// out a wave of requests). The time from the first cancellation to the last task's end.
+async fn cancel_blocked_worker_pool(blocked: u64) -> Duration {
     let parent = CancellationToken::new();
     let pool = full_pool(&parent).await;
-    let requests = CancellationToken::new();
+    let requests = request_tokens(blocked);
+    let started = Arc::new(AtomicU64::new(0));
     let mut submitters = JoinSet::new();
-    for job in 0..BLOCKED {
-        let (pool, requests) = (pool.clone(), requests.clone());
-        submitters.spawn(async move { pool.submit(&requests, job).await.is_err() });
+    for (job, request) in (0..blocked).zip(&requests) {
+        let (pool, request, started) = (pool.clone(), request.clone(), Arc::clone(&started));
+        submitters.spawn(async move {
+            started.fetch_add(1, Ordering::Relaxed);
+            pool.submit(&request, job).await.is_err()
+        });
     }
-    settle().await;
+    settle(&started, blocked).await;
     let started = std::time::Instant::now();
-    requests.cancel();
+    cancel_shuffled(&requests);
     let mut refused = 0;
     while let Some(joined) = submitters.join_next().await {
         refused += u64::from(joined.unwrap());
     }
     let elapsed = started.elapsed();
-    assert_eq!(refused, BLOCKED);
+    assert_eq!(refused, blocked);
     parent.cancel();
     drop(pool.close().await);
     elapsed
@@ -402,30 +427,32 @@ async fn cancel_blocked_worker_pool() -> Duration {
 
 /// The same with tokio's bounded mpsc (its waiters are an intrusive list: O(1) removal), each
 /// send raced against the request's token.
-async fn cancel_blocked_tokio_mpsc() -> Duration {
+async fn cancel_blocked_tokio_mpsc(blocked: u64) -> Duration {
     let (sender, mut receiver) = tokio::sync::mpsc::channel::<u64>(1);
     sender.send(0).await.unwrap();
-    let requests = CancellationToken::new();
+    let requests = request_tokens(blocked);
+    let started = Arc::new(AtomicU64::new(0));
     let mut submitters = JoinSet::new();
-    for job in 0..BLOCKED {
-        let (sender, requests) = (sender.clone(), requests.clone());
+    for (job, request) in (0..blocked).zip(&requests) {
+        let (sender, request, started) = (sender.clone(), request.clone(), Arc::clone(&started));
         submitters.spawn(async move {
+            started.fetch_add(1, Ordering::Relaxed);
             tokio::select! {
                 biased;
-                () = requests.cancelled() => true,
+                () = request.cancelled() => true,
                 sent = sender.send(job) => sent.is_err(),
             }
         });
     }
-    settle().await;
+    settle(&started, blocked).await;
     let started = std::time::Instant::now();
-    requests.cancel();
+    cancel_shuffled(&requests);
     let mut refused = 0;
     while let Some(joined) = submitters.join_next().await {
         refused += u64::from(joined.unwrap());
     }
     let elapsed = started.elapsed();
-    assert_eq!(refused, BLOCKED);
+    assert_eq!(refused, blocked);
     receiver.close();
     elapsed
 }
@@ -436,32 +463,34 @@ fn cancel_blocked(c: &mut Criterion) {
         .build()
         .unwrap();
     let mut group = c.benchmark_group("pool/cancel_blocked_submitters/current_thread");
-    group.throughput(Throughput::Elements(BLOCKED));
-    group.sample_size(20);
+    group.sample_size(10);
     group.warm_up_time(Duration::from_millis(500));
     group.measurement_time(Duration::from_secs(3));
-    group.bench_function(BenchmarkId::new("WorkerPool", BLOCKED), |b| {
-        b.iter_custom(|iters| {
-            runtime.block_on(async {
-                let mut total = Duration::ZERO;
-                for _ in 0..iters {
-                    total += cancel_blocked_worker_pool().await;
-                }
-                total
-            })
+    for blocked in BLOCKED {
+        group.throughput(Throughput::Elements(blocked));
+        group.bench_function(BenchmarkId::new("WorkerPool", blocked), |b| {
+            b.iter_custom(|iters| {
+                runtime.block_on(async {
+                    let mut total = Duration::ZERO;
+                    for _ in 0..iters {
+                        total += cancel_blocked_worker_pool(blocked).await;
+                    }
+                    total
+                })
+            });
         });
-    });
-    group.bench_function(BenchmarkId::new("tokio-mpsc+select", BLOCKED), |b| {
-        b.iter_custom(|iters| {
-            runtime.block_on(async {
-                let mut total = Duration::ZERO;
-                for _ in 0..iters {
-                    total += cancel_blocked_tokio_mpsc().await;
-                }
-                total
-            })
+        group.bench_function(BenchmarkId::new("tokio-mpsc+select", blocked), |b| {
+            b.iter_custom(|iters| {
+                runtime.block_on(async {
+                    let mut total = Duration::ZERO;
+                    for _ in 0..iters {
+                        total += cancel_blocked_tokio_mpsc(blocked).await;
+                    }
+                    total
+                })
+            });
         });
-    });
+    }
     group.finish();
 }
 
