@@ -25,14 +25,14 @@ enum Started {
 /// One wait for permits: the part of an acquire future that needs no pinning.
 #[derive(Debug)]
 struct Wait {
-    permits: u32,
+    permits: usize,
     /// The waiter's ticket while queued.
     ticket: Option<Ticket>,
     done: bool,
 }
 
 impl Wait {
-    fn new(permits: u32) -> Self {
+    fn new(permits: usize) -> Self {
         Wait {
             permits,
             ticket: None,
@@ -168,7 +168,7 @@ impl<'a> Acquire<'a> {
     pub(crate) fn new(
         semaphore: &'a Semaphore,
         token: &'a CancellationToken,
-        permits: u32,
+        permits: usize,
     ) -> Self {
         Acquire {
             semaphore,
@@ -233,7 +233,7 @@ pin_project! {
 }
 
 impl AcquireOwned {
-    pub(crate) fn new(semaphore: Semaphore, token: CancellationToken, permits: u32) -> Self {
+    pub(crate) fn new(semaphore: Semaphore, token: CancellationToken, permits: usize) -> Self {
         AcquireOwned {
             semaphore,
             token,

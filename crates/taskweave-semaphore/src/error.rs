@@ -16,7 +16,7 @@ pub enum AcquireError {
     /// it). Also returned to a waiter when a resize shrinks the capacity below its request.
     TooLarge {
         /// Permits requested.
-        requested: u32,
+        requested: usize,
         /// The semaphore's capacity at the time.
         capacity: usize,
     },
@@ -53,7 +53,7 @@ pub enum TryAcquireError {
     /// More permits were requested than the semaphore has in total.
     TooLarge {
         /// Permits requested.
-        requested: u32,
+        requested: usize,
         /// The semaphore's capacity at the time.
         capacity: usize,
     },

@@ -9,7 +9,7 @@ use crate::semaphore::Inner;
 #[must_use = "the permits are released as soon as this is dropped"]
 pub struct Permit<'a> {
     inner: &'a Inner,
-    permits: u32,
+    permits: usize,
 }
 
 /// Permits of a [`Semaphore`](crate::Semaphore) that own a reference to it, for `'static`
@@ -17,17 +17,17 @@ pub struct Permit<'a> {
 #[must_use = "the permits are released as soon as this is dropped"]
 pub struct OwnedPermit {
     inner: Arc<Inner>,
-    permits: u32,
+    permits: usize,
 }
 
 impl<'a> Permit<'a> {
-    pub(crate) fn new(inner: &'a Inner, permits: u32) -> Self {
+    pub(crate) fn new(inner: &'a Inner, permits: usize) -> Self {
         Permit { inner, permits }
     }
 
     /// How many permits this holds.
     #[must_use]
-    pub fn num_permits(&self) -> u32 {
+    pub fn num_permits(&self) -> usize {
         self.permits
     }
 
@@ -42,7 +42,7 @@ impl<'a> Permit<'a> {
     ///
     /// # Panics
     ///
-    /// Panics if `other` is of another semaphore, or the sum overflows a `u32`.
+    /// Panics if `other` is of another semaphore, or the sum overflows a `usize`.
     pub fn merge(&mut self, mut other: Permit<'a>) {
         assert!(
             std::ptr::eq(self.inner, other.inner),
@@ -51,25 +51,25 @@ impl<'a> Permit<'a> {
         self.permits = self
             .permits
             .checked_add(std::mem::take(&mut other.permits))
-            .expect("Permit::merge: more than u32::MAX permits");
+            .expect("Permit::merge: more than usize::MAX permits");
     }
 
     /// Splits `permits` off into a permit of their own, or `None` (nothing changed) if this
     /// holds fewer.
-    pub fn split(&mut self, permits: u32) -> Option<Permit<'a>> {
+    pub fn split(&mut self, permits: usize) -> Option<Permit<'a>> {
         self.permits = self.permits.checked_sub(permits)?;
         Some(Permit::new(self.inner, permits))
     }
 }
 
 impl OwnedPermit {
-    pub(crate) fn new(inner: Arc<Inner>, permits: u32) -> Self {
+    pub(crate) fn new(inner: Arc<Inner>, permits: usize) -> Self {
         OwnedPermit { inner, permits }
     }
 
     /// How many permits this holds.
     #[must_use]
-    pub fn num_permits(&self) -> u32 {
+    pub fn num_permits(&self) -> usize {
         self.permits
     }
 
@@ -82,7 +82,7 @@ impl OwnedPermit {
     ///
     /// # Panics
     ///
-    /// Panics if `other` is of another semaphore, or the sum overflows a `u32`.
+    /// Panics if `other` is of another semaphore, or the sum overflows a `usize`.
     pub fn merge(&mut self, mut other: OwnedPermit) {
         assert!(
             Arc::ptr_eq(&self.inner, &other.inner),
@@ -91,12 +91,12 @@ impl OwnedPermit {
         self.permits = self
             .permits
             .checked_add(std::mem::take(&mut other.permits))
-            .expect("OwnedPermit::merge: more than u32::MAX permits");
+            .expect("OwnedPermit::merge: more than usize::MAX permits");
     }
 
     /// Splits `permits` off into a permit of their own, or `None` (nothing changed) if this
     /// holds fewer.
-    pub fn split(&mut self, permits: u32) -> Option<OwnedPermit> {
+    pub fn split(&mut self, permits: usize) -> Option<OwnedPermit> {
         self.permits = self.permits.checked_sub(permits)?;
         Some(OwnedPermit::new(Arc::clone(&self.inner), permits))
     }

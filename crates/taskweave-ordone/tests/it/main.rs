@@ -73,3 +73,17 @@ async fn dropping_it_drops_the_input() {
     drop(stream);
     assert!(tx.is_closed(), "the receiver went with the adapter");
 }
+
+// Issue 20: the input is reachable and can be taken back, as with futures' adapters.
+#[tokio::test]
+async fn the_input_can_be_inspected_and_taken_back() {
+    let token = CancellationToken::new();
+    let mut stream = or_done(token.clone(), futures::stream::iter([1, 2, 3]));
+    assert_eq!(stream.get_ref().size_hint(), (3, Some(3)));
+    assert_eq!(stream.next().await, Some(1));
+    assert_eq!(stream.get_mut().next().await, Some(2));
+    let mut pinned = std::pin::pin!(stream);
+    assert_eq!(pinned.as_mut().get_pin_mut().size_hint(), (1, Some(1)));
+    token.cancel();
+    assert_eq!(pinned.next().await, None, "cancelled");
+}

@@ -1,6 +1,6 @@
 //! The `reorder` stream adapter.
 
-use futures::StreamExt;
+use futures::{Stream, StreamExt};
 use proptest::prelude::*;
 use taskweave_reorder::{PushError, ReorderError, reorder};
 use tokio_util::sync::CancellationToken;
@@ -93,4 +93,18 @@ proptest! {
         let out: Vec<u64> = run(items, 8).into_iter().map(Result::unwrap).collect();
         prop_assert_eq!(out, (0..shifts.len() as u64).collect::<Vec<_>>());
     }
+}
+
+// Issue 20: taking the input back hands over the buffer too, with what it holds.
+#[tokio::test]
+async fn into_inner_hands_back_the_input_and_the_buffered_values() {
+    let input = futures::stream::iter([(1_u64, "b"), (2, "c"), (0, "a"), (4, "e")]);
+    let mut ordered = reorder(CancellationToken::new(), input, 8);
+    assert_eq!(ordered.get_ref().size_hint(), (4, Some(4)));
+    assert_eq!(ordered.next().await.unwrap().unwrap(), "a");
+    assert_eq!(ordered.next().await.unwrap().unwrap(), "b");
+    let (mut rest, mut buffer) = ordered.into_inner();
+    // "c" was read and buffered; "e" is still in the input.
+    assert_eq!(buffer.pop(), Some("c"));
+    assert_eq!(rest.next().await, Some((4, "e")));
 }

@@ -152,7 +152,7 @@ impl Semaphore {
     /// # Cancel safety
     ///
     /// Cancel safe, as [`acquire`](Self::acquire).
-    pub fn acquire_many<'a>(&'a self, token: &'a CancellationToken, permits: u32) -> Acquire<'a> {
+    pub fn acquire_many<'a>(&'a self, token: &'a CancellationToken, permits: usize) -> Acquire<'a> {
         Acquire::new(self, token, permits)
     }
 
@@ -179,7 +179,7 @@ impl Semaphore {
     /// # Cancel safety
     ///
     /// Cancel safe, as [`acquire`](Self::acquire).
-    pub fn acquire_many_owned(&self, token: &CancellationToken, permits: u32) -> AcquireOwned {
+    pub fn acquire_many_owned(&self, token: &CancellationToken, permits: usize) -> AcquireOwned {
         AcquireOwned::new(self.clone(), token.clone(), permits)
     }
 
@@ -198,7 +198,7 @@ impl Semaphore {
     ///
     /// [`TryAcquireError::Closed`] (checked first), [`TryAcquireError::TooLarge`], or
     /// [`TryAcquireError::NoPermits`].
-    pub fn try_acquire_many(&self, permits: u32) -> Result<Permit<'_>, TryAcquireError> {
+    pub fn try_acquire_many(&self, permits: usize) -> Result<Permit<'_>, TryAcquireError> {
         self.inner.state.try_acquire(permits)?;
         Ok(Permit::new(&self.inner, permits))
     }
@@ -217,7 +217,7 @@ impl Semaphore {
     /// # Errors
     ///
     /// As [`try_acquire_many`](Self::try_acquire_many).
-    pub fn try_acquire_many_owned(&self, permits: u32) -> Result<OwnedPermit, TryAcquireError> {
+    pub fn try_acquire_many_owned(&self, permits: usize) -> Result<OwnedPermit, TryAcquireError> {
         self.inner.state.try_acquire(permits)?;
         Ok(OwnedPermit::new(Arc::clone(&self.inner), permits))
     }

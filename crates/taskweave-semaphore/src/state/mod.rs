@@ -63,8 +63,8 @@ struct Waiters {
 }
 
 struct Waiter {
-    wanted: u32,
-    assigned: u32,
+    wanted: usize,
+    assigned: usize,
     waker: Option<Waker>,
     /// Shared with the waiting future: set (with `Release`) when the waiter is served or
     /// failed, at which point its entry leaves the wait list. The future reads it without
@@ -88,7 +88,7 @@ fn encode(outcome: Result<(), AcquireError>) -> usize {
     }
 }
 
-fn decode(status: usize, requested: u32) -> Result<(), AcquireError> {
+fn decode(status: usize, requested: usize) -> Result<(), AcquireError> {
     match status & 3 {
         GRANTED => Ok(()),
         FAILED_TOO_LARGE => Err(AcquireError::TooLarge {
@@ -169,8 +169,8 @@ impl State {
 
     /// `permits` at once if they are free and nobody is queued. Closed is checked first,
     /// then the size, then what is free.
-    pub(crate) fn try_acquire(&self, permits: u32) -> Result<(), TryAcquireError> {
-        let wanted = permits as usize;
+    pub(crate) fn try_acquire(&self, permits: usize) -> Result<(), TryAcquireError> {
+        let wanted = permits;
         let mut word = self.word.load(Ordering::Acquire);
         loop {
             if word & CLOSED != 0 {
@@ -199,11 +199,11 @@ impl State {
     }
 
     /// Gives `permits` back: one compare-and-swap when nobody waits and nothing is owed.
-    pub(crate) fn release(&self, permits: u32) {
+    pub(crate) fn release(&self, permits: usize) {
         if permits == 0 {
             return;
         }
-        let added = (permits as usize) << SHIFT;
+        let added = permits << SHIFT;
         let mut word = self.word.load(Ordering::Acquire);
         while word & CONTENDED == 0 {
             match self.word.compare_exchange_weak(
@@ -218,7 +218,7 @@ impl State {
         }
         let mut waiters = self.lock();
         let mut wakers = Wakers::default();
-        self.distribute(&mut waiters, permits as usize, &mut wakers);
+        self.distribute(&mut waiters, permits, &mut wakers);
         drop(waiters);
         wakers.wake();
     }
@@ -239,9 +239,9 @@ impl State {
             if permits == 0 {
                 break;
             }
-            let give = permits.min((waiter.wanted - waiter.assigned) as usize);
-            // `give` is at most `wanted - assigned`, a `u32`.
-            waiter.assigned += u32::try_from(give).unwrap_or(u32::MAX);
+            let give = permits.min(waiter.wanted - waiter.assigned);
+            // `give` is at most `wanted - assigned`, a `usize`.
+            waiter.assigned += give;
             permits -= give;
             if waiter.assigned == waiter.wanted {
                 waiter.status.store(GRANTED, Ordering::Release);
@@ -337,7 +337,7 @@ impl State {
             let Some(error) = why(waiter) else {
                 return true;
             };
-            returned += waiter.assigned as usize;
+            returned += waiter.assigned;
             waiter.status.store(encode(Err(error)), Ordering::Release);
             wakers.push(waiter.waker.take());
             entries.remove(key);

@@ -10,7 +10,7 @@ use crate::AcquireError;
 #[derive(Debug)]
 pub(crate) struct Ticket {
     key: usize,
-    permits: u32,
+    permits: usize,
     status: Arc<AtomicUsize>,
 }
 
@@ -32,7 +32,7 @@ pub(crate) enum Polled {
 impl State {
     /// Joins the queue for `permits` (after a `try_acquire` found none), taking what is free
     /// on the way; served at once if that is enough and nobody is ahead.
-    pub(crate) fn join(&self, permits: u32, waker: &Waker) -> Joined {
+    pub(crate) fn join(&self, permits: usize, waker: &Waker) -> Joined {
         // Made before the lock, to keep the critical section short under contention.
         let status = Arc::new(AtomicUsize::new(WAITING));
         let waker = waker.clone();
@@ -41,7 +41,7 @@ impl State {
             return Joined::Failed(AcquireError::Closed);
         }
         let capacity = self.capacity();
-        if permits as usize > capacity {
+        if permits > capacity {
             return Joined::Failed(AcquireError::TooLarge {
                 requested: permits,
                 capacity,
@@ -50,7 +50,7 @@ impl State {
         // The front of the queue is never a tombstone (`distribute` drops them as they reach
         // it), so a non-empty queue means someone is waiting ahead.
         let queued = !waiters.order.is_empty();
-        let wanted = permits as usize;
+        let wanted = permits;
         // Nobody ahead: take what is free; queue (and set the flag) only for the rest.
         let taken = if queued {
             0
@@ -64,8 +64,8 @@ impl State {
         // not empty), and `take_free` above set it otherwise.
         let key = waiters.entries.insert(Waiter {
             wanted: permits,
-            // `taken` is below `wanted`, a `u32`.
-            assigned: u32::try_from(taken).unwrap_or(u32::MAX),
+            // `taken` is below `wanted`, a `usize`.
+            assigned: taken,
             waker: Some(waker),
             status: Arc::clone(&status),
             abandoned: false,
@@ -106,7 +106,7 @@ impl State {
         let status = ticket.status.load(Ordering::Acquire);
         let returned = match status {
             // Served: the entry is gone, the permits are the ticket's.
-            GRANTED => ticket.permits as usize,
+            GRANTED => ticket.permits,
             WAITING => {
                 let waiter = &mut waiters.entries[ticket.key];
                 waiter.abandoned = true;

@@ -30,7 +30,7 @@ impl State {
     /// been assigned (to the debt first). Under the lock.
     fn refuse_above(&self, waiters: &mut Waiters, capacity: usize, wakers: &mut Wakers) {
         let returned = Self::fail_waiting(waiters, wakers, |waiter| {
-            (waiter.wanted as usize > capacity).then_some(AcquireError::TooLarge {
+            (waiter.wanted > capacity).then_some(AcquireError::TooLarge {
                 requested: waiter.wanted,
                 capacity,
             })
@@ -41,11 +41,11 @@ impl State {
 
     /// Permits given up for good: they pay what a shrink still owes, and the rest lower the
     /// capacity. The last permit forgotten closes the semaphore.
-    pub(crate) fn forget(&self, permits: u32) {
+    pub(crate) fn forget(&self, permits: usize) {
         let mut waiters = self.lock();
-        let paid = (permits as usize).min(waiters.debt);
+        let paid = permits.min(waiters.debt);
         waiters.debt -= paid;
-        let lowered = permits as usize - paid;
+        let lowered = permits - paid;
         let capacity = self.capacity().saturating_sub(lowered);
         self.capacity.store(capacity, Ordering::Release);
         let mut wakers = Wakers::default();

@@ -211,3 +211,22 @@ async fn poll_semaphore_waits_in_line_honours_its_token_and_gives_up_its_place_o
     drop(permit);
     assert_eq!((semaphore.available(), semaphore.in_use()), (1, 0));
 }
+
+// Issue 20: permit counts are `usize` in every signature, as the capacity is; a request above
+// `u32::MAX` (which `acquire_many` could not express) is granted from a large enough semaphore.
+#[cfg(target_pointer_width = "64")]
+#[tokio::test]
+async fn permit_counts_are_usize_like_the_capacity() {
+    let many = usize::try_from(u64::from(u32::MAX) + 10).unwrap();
+    let semaphore = Semaphore::new(many + 5);
+    let permit = semaphore.try_acquire_many(many).unwrap();
+    assert_eq!(permit.num_permits(), many);
+    assert_eq!(semaphore.available_permits(), 5);
+    let token = CancellationToken::new();
+    assert!(matches!(
+        semaphore.acquire_many(&token, many + 6).await,
+        Err(AcquireError::TooLarge { requested, .. }) if requested == many + 6
+    ));
+    drop(permit);
+    assert_eq!(semaphore.available_permits(), many + 5);
+}

@@ -150,14 +150,14 @@ fn resizing_to_zero_is_a_programmer_error() {
 
 #[derive(Clone, Debug)]
 enum Step {
-    Acquire(u32),
+    Acquire(usize),
     Release(usize),
     Resize(usize),
 }
 
 fn step() -> impl Strategy<Value = Step> {
     prop_oneof![
-        (1_u32..4).prop_map(Step::Acquire),
+        (1_usize..4).prop_map(Step::Acquire),
         (0_usize..8).prop_map(Step::Release),
         (1_usize..8).prop_map(Step::Resize),
     ]
@@ -178,7 +178,7 @@ proptest! {
             match step {
                 Step::Acquire(n) => {
                     if let Ok(permit) = semaphore.try_acquire_many(n) {
-                        prop_assert!(permit.num_permits() as usize <= semaphore.capacity());
+                        prop_assert!(permit.num_permits() <= semaphore.capacity());
                         held.push(permit);
                     }
                 }
@@ -190,7 +190,7 @@ proptest! {
                 }
                 Step::Resize(capacity) => semaphore.resize(capacity),
             }
-            let holding: usize = held.iter().map(|p| p.num_permits() as usize).sum();
+            let holding: usize = held.iter().map(|p| p.num_permits()).sum();
             prop_assert_eq!(semaphore.in_use(), holding);
             prop_assert!(semaphore.available() <= semaphore.capacity());
         }
@@ -305,7 +305,7 @@ fn resizes_racing_acquires_and_releases_never_admit_more_than_the_capacity() {
         .worker_threads(2)
         .build()
         .unwrap();
-    let workers: Vec<_> = (0..4_u32)
+    let workers: Vec<_> = (0..4_usize)
         .map(|worker| {
             let (semaphore, holders, history) = (
                 semaphore.clone(),
@@ -313,7 +313,7 @@ fn resizes_racing_acquires_and_releases_never_admit_more_than_the_capacity() {
                 Arc::clone(&history),
             );
             runtime.spawn(async move {
-                for round in 0..2_000_u32 {
+                for round in 0..2_000_usize {
                     let permits = 1 + (worker + round) % 2;
                     let token = CancellationToken::new();
                     if round % 7 == 0 {
@@ -323,8 +323,7 @@ fn resizes_racing_acquires_and_releases_never_admit_more_than_the_capacity() {
                     let Ok(permit) = semaphore.acquire_many(&token, permits).await else {
                         continue;
                     };
-                    let now =
-                        holders.fetch_add(permits as usize, Ordering::SeqCst) + permits as usize;
+                    let now = holders.fetch_add(permits, Ordering::SeqCst) + permits;
                     let allowed = history.lock().unwrap()[before - 1..]
                         .iter()
                         .copied()
@@ -335,7 +334,7 @@ fn resizes_racing_acquires_and_releases_never_admit_more_than_the_capacity() {
                         "{now} held with a capacity of at most {allowed}"
                     );
                     tokio::task::yield_now().await;
-                    holders.fetch_sub(permits as usize, Ordering::SeqCst);
+                    holders.fetch_sub(permits, Ordering::SeqCst);
                     drop(permit);
                 }
             })

@@ -121,3 +121,48 @@ async fn a_panic_payload_whose_drop_panics_does_not_unwind_out_of_the_catch() {
     .await;
     assert_eq!(caught.unwrap_err().message(), "Box<dyn Any>");
 }
+
+// Issue 20: a `PanicError` keeps the original payload, to downcast or re-raise.
+#[tokio::test]
+async fn the_original_payload_can_be_downcast_or_re_raised() {
+    #[derive(Debug, PartialEq)]
+    struct Overdraft(u64);
+    let panic = catch_panic("ledger", async { std::panic::panic_any(Overdraft(42)) })
+        .without_logging()
+        .await
+        .unwrap_err();
+    let copy = panic.clone();
+    let payload = copy.take_payload().expect("the payload is kept");
+    assert_eq!(*payload.downcast::<Overdraft>().unwrap(), Overdraft(42));
+    // The clones share it: taken once. Re-raising then raises the message.
+    assert!(panic.take_payload().is_none());
+    let again = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| panic.resume_unwind()))
+        .unwrap_err();
+    assert_eq!(*again.downcast::<String>().unwrap(), "Box<dyn Any>");
+
+    let disk = std::hint::black_box("full").to_owned();
+    let panic = catch_panic("worker", async move { panic!("disk {disk}") })
+        .without_logging()
+        .await
+        .unwrap_err();
+    let again = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| panic.resume_unwind()))
+        .unwrap_err();
+    assert_eq!(*again.downcast::<String>().unwrap(), "disk full");
+}
+
+#[tokio::test]
+async fn a_kept_payload_whose_drop_panics_is_dropped_without_unwinding() {
+    struct Bomb;
+    impl Drop for Bomb {
+        fn drop(&mut self) {
+            panic!("the payload's own Drop");
+        }
+    }
+    let panic = catch_panic("job", async { std::panic::panic_any(Bomb) })
+        .without_logging()
+        .await
+        .unwrap_err();
+    assert_eq!(panic.message(), "Box<dyn Any>");
+    // Dropping the error drops the payload inside a catch: this line does not unwind.
+    drop(panic);
+}
