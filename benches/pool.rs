@@ -401,25 +401,11 @@ async fn settle(started: &AtomicU64, blocked: u64) {
 async fn cancel_blocked_worker_pool(blocked: u64) -> Duration {
     let parent = CancellationToken::new();
     let pool = full_pool(&parent).await;
-    let requests = request_tokens(blocked);
-    let started = Arc::new(AtomicU64::new(0));
-    let mut submitters = JoinSet::new();
-    for (job, request) in (0..blocked).zip(&requests) {
-        let (pool, request, started) = (pool.clone(), request.clone(), Arc::clone(&started));
-        submitters.spawn(async move {
-            started.fetch_add(1, Ordering::Relaxed);
-            pool.submit(&request, job).await.is_err()
-        });
-    }
-    settle(&started, blocked).await;
-    let started = std::time::Instant::now();
-    cancel_shuffled(&requests);
-    let mut refused = 0;
-    while let Some(joined) = submitters.join_next().await {
-        refused += u64::from(joined.unwrap());
-    }
-    let elapsed = started.elapsed();
-    assert_eq!(refused, blocked);
+    let elapsed = time_cancelled_wave(blocked, |job, request| {
+        let pool = pool.clone();
+        async move { pool.submit(&request, job).await.is_err() }
+    })
+    .await;
     parent.cancel();
     drop(pool.close().await);
     elapsed
@@ -430,30 +416,49 @@ async fn cancel_blocked_worker_pool(blocked: u64) -> Duration {
 async fn cancel_blocked_tokio_mpsc(blocked: u64) -> Duration {
     let (sender, mut receiver) = tokio::sync::mpsc::channel::<u64>(1);
     sender.send(0).await.unwrap();
-    let requests = request_tokens(blocked);
-    let started = Arc::new(AtomicU64::new(0));
-    let mut submitters = JoinSet::new();
-    for (job, request) in (0..blocked).zip(&requests) {
-        let (sender, request, started) = (sender.clone(), request.clone(), Arc::clone(&started));
-        submitters.spawn(async move {
-            started.fetch_add(1, Ordering::Relaxed);
+    let elapsed = time_cancelled_wave(blocked, |job, request| {
+        let sender = sender.clone();
+        async move {
             tokio::select! {
                 biased;
                 () = request.cancelled() => true,
                 sent = sender.send(job) => sent.is_err(),
             }
+        }
+    })
+    .await;
+    receiver.close();
+    elapsed
+}
+
+/// Spawns `blocked` tasks, each running `submit(job, its request token)` (which must block),
+/// waits until all of them wait, cancels the requests in a shuffled order, and times the
+/// cancellations up to the last task's end. Each task must answer `true` (refused).
+async fn time_cancelled_wave<F, Fut>(blocked: u64, submit: F) -> Duration
+where
+    F: Fn(u64, CancellationToken) -> Fut,
+    Fut: Future<Output = bool> + Send + 'static,
+{
+    let requests = request_tokens(blocked);
+    let started = Arc::new(AtomicU64::new(0));
+    let mut submitters = JoinSet::new();
+    for (job, request) in (0..blocked).zip(&requests) {
+        let (wait, started) = (submit(job, request.clone()), Arc::clone(&started));
+        submitters.spawn(async move {
+            // Counted in the poll that reaches the wait (see `settle`).
+            started.fetch_add(1, Ordering::Relaxed);
+            wait.await
         });
     }
     settle(&started, blocked).await;
-    let started = std::time::Instant::now();
+    let clock = std::time::Instant::now();
     cancel_shuffled(&requests);
     let mut refused = 0;
     while let Some(joined) = submitters.join_next().await {
         refused += u64::from(joined.unwrap());
     }
-    let elapsed = started.elapsed();
+    let elapsed = clock.elapsed();
     assert_eq!(refused, blocked);
-    receiver.close();
     elapsed
 }
 

@@ -7,9 +7,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Context, Poll};
 
-use futures::lock::Mutex;
+use futures::Stream;
 use futures::stream::FusedStream;
-use futures::{Stream, StreamExt};
+use taskweave_supervise::internal::{Next, SharedInput};
 use taskweave_supervise::{TaskName, TokenWatch, catch_panic};
 use tokio_util::sync::{CancellationToken, DropGuard};
 
@@ -79,10 +79,7 @@ where
     let (out_tx, out_rx) = async_channel::bounded(workers.saturating_mul(2));
     let panicked = Arc::new(AtomicU64::new(0));
     // The copies take turns reading the input: no feeder task, no hop through a queue.
-    let input = Arc::new(Mutex::new(SharedInput {
-        stream: Box::pin(input),
-        ended: false,
-    }));
+    let input = Arc::new(SharedInput::new(input));
 
     let stage = Arc::new(stage);
     for worker in 0..workers {
@@ -93,24 +90,15 @@ where
         drop(taskweave_supervise::spawn(name.clone(), async move {
             loop {
                 let item = {
-                    let Some(mut shared) = watch.run_until_cancelled(input.lock()).await else {
+                    let Some(mut turn) = input.turn(&watch).await else {
                         return;
                     };
-                    if shared.ended {
-                        return;
-                    }
-                    let next = catch_panic("fan-out-input", shared.stream.next());
-                    match watch.run_until_cancelled(next).await {
-                        None => return,
-                        Some(Ok(Some(item))) => item,
-                        Some(Ok(None)) => {
-                            shared.ended = true;
-                            return;
-                        }
-                        Some(Err(_panic)) => {
+                    match turn.next(&watch, "fan-out-input").await {
+                        Next::Item(_, item) => item,
+                        Next::Ended | Next::Cancelled => return,
+                        Next::Panicked(..) => {
                             // The input is broken (the panic is logged): it ends here for
                             // every copy, and the panic is counted.
-                            shared.ended = true;
                             panicked.fetch_add(1, Ordering::Relaxed);
                             return;
                         }
@@ -147,12 +135,6 @@ where
         panicked,
         _stop_on_drop: token.drop_guard(),
     }
-}
-
-/// The input, read by whichever copy holds the lock.
-struct SharedInput<S> {
-    stream: Pin<Box<S>>,
-    ended: bool,
 }
 
 /// The merged outputs of [`fan_out`].

@@ -3,7 +3,7 @@
 use std::fmt;
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::task::Poll;
 
 use taskweave_supervise::{PanicError, catch_panic};
@@ -12,6 +12,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::slots::{Slot, Slots};
 use crate::{SpawnError, TaskFailure};
+use taskweave_supervise::internal::lock;
 
 /// A group of tasks where the first failure cancels the others, like Go's `errgroup`.
 ///
@@ -485,11 +486,6 @@ fn drop_quietly<E>(failure: TaskFailure<E>) {
         let panic = PanicError::from_panic("group-task", payload);
         tracing::error!(panic = %panic.message(), "task group: dropping a later failure panicked; ignored");
     }
-}
-
-pub(crate) fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    // No user code runs under these locks; a poisoned one still holds consistent data.
-    mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 impl<E> Drop for TaskGroup<E> {

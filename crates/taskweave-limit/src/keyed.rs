@@ -6,13 +6,14 @@ use std::fmt;
 use std::hash::{BuildHasher, Hash};
 use std::marker::PhantomData;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
 use tokio_util::sync::{CancellationToken, DropGuard};
 
 use crate::gcra::{Clock, Rate};
 use crate::{CheckError, KeyedWait, Quota};
+use taskweave_supervise::internal::lock;
 
 const SHARDS: usize = 16;
 
@@ -491,11 +492,6 @@ fn make_room<K: Hash + Eq + Clone>(shard: &mut HashMap<K, Bucket>, now: u64, cap
     if let Some(key) = closest {
         shard.remove(&key);
     }
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    // No user code runs under these locks (hashing and equality of keys aside).
-    mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// Lets the sweep start again at the next use when its task is dropped while the limiter is

@@ -81,7 +81,6 @@ mod error;
 mod event;
 #[cfg(feature = "postgres")]
 mod headers;
-mod lock;
 mod nudge;
 mod publish;
 mod relay;

@@ -12,7 +12,10 @@ use crate::Stage;
 use crate::stage::spawn_stage;
 
 /// The output capacity of a stage unless [`Pipeline::with_capacity`] says otherwise.
-pub const DEFAULT_CAPACITY: usize = 32;
+///
+/// 32, the same default as the tee's outputs and the pipeline's stages (one constant in
+/// `taskweave-supervise`).
+pub const DEFAULT_CAPACITY: usize = taskweave_supervise::internal::DEFAULT_CAPACITY;
 
 /// The largest capacity [`Pipeline::with_capacity`] accepts: 1,048,576 items. A stage's
 /// output channel allocates its capacity up front, so a capacity near `usize::MAX` would be an

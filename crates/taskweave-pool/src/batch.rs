@@ -3,7 +3,7 @@
 use std::collections::VecDeque;
 use std::fmt;
 use std::future::Future;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 
 use taskweave_supervise::{TaskHandle, catch_panic};
 use tokio_util::sync::CancellationToken;
@@ -11,6 +11,7 @@ use tokio_util::sync::CancellationToken;
 use crate::context::CancelState;
 use crate::pool::log_panic;
 use crate::{JobContext, JobError, JobResult};
+use taskweave_supervise::internal::lock;
 
 /// What [`run`] did: every result, tagged with its job's index, and the jobs it never started.
 #[non_exhaustive]
@@ -184,12 +185,6 @@ where
             lock(&self.results).push((index, outcome));
         }
     }
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    // No user code runs while these locks are held, so a poisoned lock still holds
-    // consistent data.
-    mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// Aborts the workers if `run` is dropped before they finish.

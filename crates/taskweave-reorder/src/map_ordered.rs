@@ -7,9 +7,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::task::{Context, Poll};
 
-use futures::lock::Mutex;
+use futures::Stream;
 use futures::stream::FusedStream;
-use futures::{Stream, StreamExt};
+use taskweave_supervise::internal::{Next, SharedInput};
 use taskweave_supervise::{PanicError, TaskName, TokenWatch, catch_panic};
 use tokio::sync::Notify;
 use tokio_util::sync::{CancellationToken, DropGuard};
@@ -56,13 +56,6 @@ impl Gate {
             self.moved.notify_waiters();
         }
     }
-}
-
-/// The input, read by whichever worker holds the lock.
-struct SharedInput<S> {
-    stream: Pin<Box<S>>,
-    next_index: u64,
-    ended: bool,
 }
 
 /// The most calls [`map_ordered`] runs at once: 65,536. Each is a worker task, and the
@@ -147,11 +140,7 @@ where
     // Never full: at most `window` items are between the input and the consumer.
     let (done_tx, done_rx) = async_channel::bounded::<Indexed<Fut::Output>>(window);
     // The workers take turns reading the input: no feeder task, no hop through a queue.
-    let input = Arc::new(Mutex::new(SharedInput {
-        stream: Box::pin(input),
-        next_index: 0,
-        ended: false,
-    }));
+    let input = Arc::new(SharedInput::new(input));
     let f = Arc::new(f);
     for worker in 0..concurrency {
         let (input, gate, done_tx, f) = (
@@ -164,37 +153,30 @@ where
         let name = TaskName::from(format!("map-ordered-{worker}"));
         drop(taskweave_supervise::spawn(name.clone(), async move {
             loop {
-                let Some(mut shared) = watch.run_until_cancelled(input.lock()).await else {
+                let Some(mut turn) = input.turn(&watch).await else {
                     return;
                 };
-                if shared.ended {
-                    return;
-                }
-                let index = shared.next_index;
                 // The window: the next index is taken only once it fits the consumer's
                 // buffer. Waiting with the input's lock held costs nothing: no other worker
                 // could take an index either.
-                if watch.run_until_cancelled(gate.fits(index)).await.is_none() {
+                if watch
+                    .run_until_cancelled(gate.fits(turn.next_index()))
+                    .await
+                    .is_none()
+                {
                     return;
                 }
-                let next = catch_panic("map-ordered-input", shared.stream.next());
-                let item = match watch.run_until_cancelled(next).await {
-                    None => return,
-                    Some(Ok(Some(item))) => item,
-                    Some(Ok(None)) => {
-                        shared.ended = true;
-                        return;
-                    }
-                    Some(Err(panic)) => {
+                let (index, item) = match turn.next(&watch, "map-ordered-input").await {
+                    Next::Item(index, item) => (index, item),
+                    Next::Ended | Next::Cancelled => return,
+                    Next::Panicked(index, panic) => {
                         // The input is broken: its panic is the last item.
-                        shared.ended = true;
-                        drop(shared);
+                        drop(turn);
                         let _ = done_tx.send((index, Err(panic))).await;
                         return;
                     }
                 };
-                shared.next_index += 1;
-                drop(shared);
+                drop(turn);
                 // One unit of tokio's cooperative budget per item (neither the lock nor
                 // async-channel takes any), so that a worker on an always-ready input lets
                 // the other tasks of its thread run.

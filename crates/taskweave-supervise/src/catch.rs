@@ -7,6 +7,7 @@ use std::future::Future;
 use std::panic::{AssertUnwindSafe, PanicHookInfo};
 use std::pin::Pin;
 use std::sync::Once;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll};
 
 use pin_project_lite::pin_project;
@@ -199,6 +200,34 @@ thread_local! {
 
 static HOOK: Once = Once::new();
 
+/// Set by [`log_panics_to_tracing`]: the panics nobody catches go to `tracing`.
+static TO_TRACING: AtomicBool = AtomicBool::new(false);
+
+/// Sends every panic that no [`catch_panic`] catches (in the application's own threads and
+/// tasks, `tokio::spawn` included) to `tracing` at error level, with its message, location,
+/// thread and backtrace, instead of the default hook's text on stderr: a service then has its
+/// panics in its structured logs. Panics inside a [`catch_panic`] (and so on every task
+/// taskweave spawns) are logged by it, once, as before.
+///
+/// It installs taskweave's panic hook (if this is the first use of the crate) around the hook
+/// in place now, which it no longer calls while a `tracing` subscriber takes error events
+/// (when none does, the panic still goes to the previous hook, so it is never silent). Call it
+/// once, early, after installing the subscriber; a hook the application installs after it
+/// replaces it. Idempotent.
+///
+/// # Examples
+///
+/// ```
+/// taskweave_supervise::log_panics_to_tracing();
+/// let thread = std::thread::spawn(|| panic!("a panic on a plain thread"));
+/// // Reported through `tracing` (at error) when a subscriber takes error events.
+/// assert!(thread.join().is_err());
+/// ```
+pub fn log_panics_to_tracing() {
+    TO_TRACING.store(true, Ordering::Relaxed);
+    install_hook();
+}
+
 fn install_hook() {
     // `take_hook`/`set_hook` panic on a thread that is already panicking (a first
     // `catch_panic` inside a `Drop` during unwinding); install on the next call instead.
@@ -211,7 +240,11 @@ fn install_hook() {
             // `try_with`: a panic during thread-local destruction must still reach a hook.
             let capturing = CAPTURING.try_with(Cell::get).unwrap_or(false);
             if !capturing {
-                previous(info);
+                if TO_TRACING.load(Ordering::Relaxed) && tracing::enabled!(tracing::Level::ERROR) {
+                    log_uncaught(info);
+                } else {
+                    previous(info);
+                }
                 return;
             }
             let site = PanicSite {
@@ -229,6 +262,18 @@ fn install_hook() {
             }
         }));
     });
+}
+
+/// A panic no `catch_panic` catches, as one `tracing` event.
+fn log_uncaught(info: &PanicHookInfo<'_>) {
+    let thread = std::thread::current();
+    tracing::error!(
+        panic = payload_str(info.payload()).unwrap_or("Box<dyn Any>"),
+        location = info.location().map(ToString::to_string).as_deref().unwrap_or("unknown"),
+        thread = thread.name().unwrap_or("<unnamed>"),
+        backtrace = %Backtrace::capture(),
+        "panicked"
+    );
 }
 
 fn panic_error(name: TaskName, payload: &(dyn std::any::Any + Send)) -> PanicError {

@@ -54,6 +54,8 @@
 
 mod catch;
 mod error;
+#[doc(hidden)]
+pub mod internal;
 mod name;
 mod report;
 mod restart;
@@ -61,7 +63,7 @@ mod spawn;
 mod supervisor;
 mod watch;
 
-pub use catch::{CatchPanic, catch_panic};
+pub use catch::{CatchPanic, catch_panic, log_panics_to_tracing};
 pub use error::{PanicError, SpawnError, TaskError};
 pub use name::TaskName;
 pub use report::{DrainReport, Escalation, SupervisorMetrics};

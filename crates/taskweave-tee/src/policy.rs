@@ -1,7 +1,10 @@
 //! `Policy`: what an output does when its consumer falls behind.
 
 /// The capacity of each output of [`tee`](crate::tee) and [`tee_n`](crate::tee_n).
-pub const DEFAULT_CAPACITY: usize = 32;
+///
+/// 32, the same default as the tee's outputs and the pipeline's stages (one constant in
+/// `taskweave-supervise`).
+pub const DEFAULT_CAPACITY: usize = taskweave_supervise::internal::DEFAULT_CAPACITY;
 
 /// The largest capacity an output accepts: 1,048,576 items. An output's channel allocates
 /// its capacity up front, so a capacity near `usize::MAX` would be an allocation failure (an

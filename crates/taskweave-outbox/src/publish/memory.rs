@@ -8,8 +8,8 @@ use futures::future::BoxFuture;
 
 use crate::error::PublishError;
 use crate::event::{EVENT_ID_HEADER, EventId, OutboxRecord, SEQUENCE_HEADER};
-use crate::lock::lock;
 use crate::publish::Publisher;
+use taskweave_supervise::internal::lock;
 
 type Fault = Box<dyn FnMut(&OutboxRecord) -> Option<PublishError> + Send>;
 type Delay = Box<dyn FnMut(&OutboxRecord) -> Option<Duration> + Send>;

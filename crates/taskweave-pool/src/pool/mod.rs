@@ -28,6 +28,7 @@ use crate::queue::Queue;
 use crate::{JobContext, JobResult};
 use builder::DropHook;
 use metrics::Counters;
+pub(super) use taskweave_supervise::internal::lock;
 
 /// A fixed number of workers processing jobs from a bounded queue, for the life of a service.
 ///
@@ -408,12 +409,6 @@ impl<J, R, E> fmt::Debug for WorkerPool<J, R, E> {
             .field("metrics", &self.metrics())
             .finish_non_exhaustive()
     }
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    // These locks only guard moves in and out of a `Vec` or an `Option`: a poisoned one is
-    // still consistent.
-    mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// Logs a caught panic of user code that ran for a job outside its handler.

@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::sync::Notify;
@@ -17,6 +17,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::{Readiness, StepKind, StepReport, Trigger};
+pub(super) use taskweave_supervise::internal::lock;
 
 pub use context::PhaseContext;
 pub use critical::CriticalSection;
@@ -290,11 +291,4 @@ impl fmt::Debug for Shutdown {
 fn add(at: Instant, d: Duration) -> Instant {
     at.checked_add(d)
         .unwrap_or_else(|| at + Duration::from_secs(100 * 365 * 24 * 3600))
-}
-
-/// Locks, ignoring poisoning: the state stays consistent (every update is one assignment).
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }

@@ -166,3 +166,19 @@ async fn a_kept_payload_whose_drop_panics_is_dropped_without_unwinding() {
     // Dropping the error drops the payload inside a catch: this line does not unwind.
     drop(panic);
 }
+
+// Issue 20 (optional part): panics nobody catches reach the structured logs.
+#[test]
+fn log_panics_to_tracing_sends_uncaught_panics_to_tracing() {
+    let logs = LogCapture::global();
+    taskweave_supervise::log_panics_to_tracing();
+    let thread = std::thread::Builder::new()
+        .name("plain-thread-of-the-hook-test".into())
+        .spawn(|| panic!("uncaught on a plain thread"))
+        .unwrap();
+    assert!(thread.join().is_err());
+    let line = logs.lines_with("uncaught on a plain thread");
+    assert!(line.contains("ERROR"), "{line}");
+    assert!(line.contains("plain-thread-of-the-hook-test"), "{line}");
+    assert!(line.contains("catch.rs"), "the location: {line}");
+}
