@@ -11,7 +11,7 @@ use tokio::task::{JoinError, JoinSet};
 use tokio_util::sync::CancellationToken;
 
 use crate::slots::{Slot, Slots};
-use crate::{SpawnError, TaskFailure};
+use crate::{SpawnError, Spawner, TaskFailure};
 use taskweave_supervise::internal::lock;
 
 /// A group of tasks where the first failure cancels the others, like Go's `errgroup`.
@@ -95,56 +95,11 @@ pub struct TaskGroup<E> {
     inner: Arc<Inner<E>>,
 }
 
-/// A handle that spawns into a [`TaskGroup`], to move into its tasks; from
-/// [`TaskGroup::spawner`].
-///
-/// It spawns exactly as the group does (the same limit, the same refusals). Once the group
-/// has been waited for or dropped, every spawn is refused with [`SpawnError::Cancelled`].
-///
-/// A task that waits in [`spawn`](Self::spawn) for a slot holds its own slot meanwhile: when
-/// every running task does that, none can go on (as with Go's `errgroup.Go` under
-/// `SetLimit`). Inside tasks, prefer [`try_spawn`](Self::try_spawn) or leave headroom.
-///
-/// # Examples
-///
-/// A crawl where each page spawns its links:
-///
-/// ```
-/// use std::future::Future;
-/// use std::pin::Pin;
-/// use taskweave_group::{Spawner, TaskGroup};
-/// use tokio_util::sync::CancellationToken;
-///
-/// type Visit = Pin<Box<dyn Future<Output = Result<(), String>> + Send>>;
-///
-/// fn visit(spawner: Spawner<String>, depth: u32) -> Visit {
-///     Box::pin(async move {
-///         if depth > 0 {
-///             for _link in 0..2 {
-///                 let child = visit(spawner.clone(), depth - 1);
-///                 spawner.spawn(child).await.map_err(|refused| refused.to_string())?;
-///             }
-///         }
-///         Ok(())
-///     })
-/// }
-///
-/// # #[tokio::main(flavor = "current_thread")]
-/// # async fn main() {
-/// let group = TaskGroup::new(CancellationToken::new());
-/// group.spawn(visit(group.spawner(), 3)).await.unwrap();
-/// group.wait().await.unwrap(); // 1 + 2 + 4 + 8 pages, all waited for
-/// # }
-/// ```
-pub struct Spawner<E> {
-    inner: Arc<Inner<E>>,
-}
-
 /// What the group, its spawners and every task share: one `Arc` clone per task, rather than a
 /// token clone, which takes the token's lock on clone and on drop (all clones share that lock,
 /// so on a multi-thread runtime it was the dominant cost of a spawn).
-struct Inner<E> {
-    token: CancellationToken,
+pub(crate) struct Inner<E> {
+    pub(crate) token: CancellationToken,
     /// Behind a lock so that spawners (on other tasks) can spawn; it is never held across an
     /// await, and no user code runs under it.
     tasks: Mutex<JoinSet<()>>,
@@ -197,9 +152,7 @@ impl<E: Send + 'static> TaskGroup<E> {
     /// A cloneable handle that spawns into this group, for its tasks to spawn siblings.
     #[must_use]
     pub fn spawner(&self) -> Spawner<E> {
-        Spawner {
-            inner: Arc::clone(&self.inner),
-        }
+        Spawner::new(Arc::clone(&self.inner))
     }
 
     /// The limit, if one is set.
@@ -356,55 +309,8 @@ impl<E: Send + 'static> TaskGroup<E> {
     }
 }
 
-impl<E: Send + 'static> Spawner<E> {
-    /// Spawns `future` into the group, first waiting for a free slot when a limit is set.
-    ///
-    /// # Errors
-    ///
-    /// The future is handed back: [`SpawnError::Cancelled`] when the group's token is
-    /// cancelled (before or while waiting) or the group was waited for or dropped.
-    ///
-    /// # Panics
-    ///
-    /// Panics when called outside a tokio runtime.
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel safe: if the returned future is dropped while waiting for a slot, nothing was
-    /// spawned.
-    pub async fn spawn<F>(&self, future: F) -> Result<(), SpawnError<F>>
-    where
-        F: Future<Output = Result<(), E>> + Send + 'static,
-    {
-        self.inner.spawn(future).await
-    }
-
-    /// Spawns `future` into the group only if a slot is free now.
-    ///
-    /// # Errors
-    ///
-    /// The future is handed back: [`SpawnError::Full`] when every slot is taken,
-    /// [`SpawnError::Cancelled`] when the group's token is cancelled or the group is gone.
-    ///
-    /// # Panics
-    ///
-    /// Panics when called outside a tokio runtime.
-    pub fn try_spawn<F>(&self, future: F) -> Result<(), SpawnError<F>>
-    where
-        F: Future<Output = Result<(), E>> + Send + 'static,
-    {
-        self.inner.try_spawn(future)
-    }
-
-    /// The group's token.
-    #[must_use]
-    pub fn token(&self) -> CancellationToken {
-        self.inner.token.clone()
-    }
-}
-
 impl<E: Send + 'static> Inner<E> {
-    async fn spawn<F>(self: &Arc<Self>, future: F) -> Result<(), SpawnError<F>>
+    pub(crate) async fn spawn<F>(self: &Arc<Self>, future: F) -> Result<(), SpawnError<F>>
     where
         F: Future<Output = Result<(), E>> + Send + 'static,
     {
@@ -412,7 +318,7 @@ impl<E: Send + 'static> Inner<E> {
         self.start(future, slot)
     }
 
-    fn try_spawn<F>(self: &Arc<Self>, future: F) -> Result<(), SpawnError<F>>
+    pub(crate) fn try_spawn<F>(self: &Arc<Self>, future: F) -> Result<(), SpawnError<F>>
     where
         F: Future<Output = Result<(), E>> + Send + 'static,
     {
@@ -501,14 +407,6 @@ impl<E> Drop for TaskGroup<E> {
     }
 }
 
-impl<E> Clone for Spawner<E> {
-    fn clone(&self) -> Self {
-        Spawner {
-            inner: Arc::clone(&self.inner),
-        }
-    }
-}
-
 impl<E> fmt::Debug for TaskGroup<E> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("TaskGroup")
@@ -516,13 +414,5 @@ impl<E> fmt::Debug for TaskGroup<E> {
             .field("limit", &self.inner.slots.limit())
             .field("cancelled", &self.inner.token.is_cancelled())
             .finish()
-    }
-}
-
-impl<E> fmt::Debug for Spawner<E> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Spawner")
-            .field("cancelled", &self.inner.token.is_cancelled())
-            .finish_non_exhaustive()
     }
 }

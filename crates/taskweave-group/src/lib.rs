@@ -47,10 +47,12 @@ mod error;
 mod group;
 mod map;
 mod slots;
+mod spawner;
 
 pub use collect::{CollectGroup, CollectReport};
 pub use error::TaskFailure;
-pub use group::{Spawner, TaskGroup};
+pub use group::TaskGroup;
 pub use map::{map_parallel, map_parallel_all};
+pub use spawner::Spawner;
 /// Re-exported from `taskweave-supervise`, so that naming them needs no dependency on it.
 pub use taskweave_supervise::{PanicError, SpawnError};
