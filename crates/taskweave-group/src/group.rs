@@ -1,5 +1,6 @@
 //! `TaskGroup`: errgroup semantics: the first error cancels the rest and is what `wait` returns.
 
+use std::cell::{Cell, RefCell};
 use std::fmt;
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
@@ -100,12 +101,47 @@ pub struct TaskGroup<E> {
 /// so on a multi-thread runtime it was the dominant cost of a spawn).
 pub(crate) struct Inner<E> {
     pub(crate) token: CancellationToken,
-    /// Behind a lock so that spawners (on other tasks) can spawn; it is never held across an
-    /// await, and no user code runs under it.
-    tasks: Mutex<JoinSet<()>>,
+    /// Behind a lock so that spawners (on other tasks) can spawn. It is never held across an
+    /// await, and no user code runs under it: the token is cancelled after it is released (a
+    /// cancellation runs `TokenWatch` hooks, which may be anyone's), and a task that tokio
+    /// drops inside `spawn` (a runtime shutting down) leaves its future to be dropped after it.
+    tasks: Mutex<Tasks>,
     slots: Slots,
     /// Every failure in the order recorded; the first is what `wait` returns.
     failures: Mutex<Vec<TaskFailure<E>>>,
+}
+
+struct Tasks {
+    set: JoinSet<()>,
+    /// Set when `wait` has seen the set empty, or the group was dropped: no task joins after.
+    closed: bool,
+}
+
+thread_local! {
+    /// `true` on this thread while `start` holds the `tasks` lock around `JoinSet::spawn`.
+    static SPAWNING: Cell<bool> = const { Cell::new(false) };
+    /// User futures whose task tokio dropped inside that `spawn`: dropped by `start` once the
+    /// lock is released. Almost always empty.
+    static BURIED: RefCell<Vec<Box<dyn Send>>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Holds a task's user future until the task's first poll. If tokio drops the task before
+/// (inside `spawn`, when the runtime is shutting down), the future's `Drop` (user code) would
+/// run under the `tasks` lock; it is moved to `BURIED` instead, and dropped after the lock.
+struct Unstarted<F: Send + 'static> {
+    future: Option<F>,
+}
+
+impl<F: Send + 'static> Drop for Unstarted<F> {
+    fn drop(&mut self) {
+        if let Some(future) = self.future.take() {
+            if SPAWNING.with(Cell::get) {
+                BURIED.with(|buried| buried.borrow_mut().push(Box::new(future)));
+            } else {
+                drop(future);
+            }
+        }
+    }
 }
 
 impl<E: Send + 'static> TaskGroup<E> {
@@ -115,7 +151,10 @@ impl<E: Send + 'static> TaskGroup<E> {
         TaskGroup {
             inner: Arc::new(Inner {
                 token: token.child_token(),
-                tasks: Mutex::new(JoinSet::new()),
+                tasks: Mutex::new(Tasks {
+                    set: JoinSet::new(),
+                    closed: false,
+                }),
                 slots: Slots::default(),
                 failures: Mutex::new(Vec::new()),
             }),
@@ -137,7 +176,7 @@ impl<E: Send + 'static> TaskGroup<E> {
             "TaskGroup::with_limit: limit must be greater than zero"
         );
         let inner = Arc::get_mut(&mut self.inner)
-            .filter(|inner| lock(&inner.tasks).is_empty())
+            .filter(|inner| lock(&inner.tasks).set.is_empty())
             .expect("TaskGroup::with_limit: set the limit before the first spawn");
         inner.slots = Slots::limited(limit);
         self
@@ -165,8 +204,11 @@ impl<E: Send + 'static> TaskGroup<E> {
     #[must_use]
     pub fn len(&self) -> usize {
         let mut tasks = lock(&self.inner.tasks);
-        self.inner.reap(&mut tasks);
-        tasks.len()
+        let failed = self.inner.reap(&mut tasks);
+        let len = tasks.set.len();
+        drop(tasks);
+        self.inner.cancel_if(failed);
+        len
     }
 
     /// `true` when no task is running.
@@ -291,18 +333,22 @@ impl<E: Send + 'static> TaskGroup<E> {
         let inner = &self.inner;
         std::future::poll_fn(|cx| {
             let mut tasks = lock(&inner.tasks);
-            loop {
-                match tasks.poll_join_next(cx) {
-                    Poll::Ready(Some(joined)) => inner.joined(joined),
+            let mut failed = false;
+            let polled = loop {
+                match tasks.set.poll_join_next(cx) {
+                    Poll::Ready(Some(joined)) => failed |= inner.joined(joined),
                     Poll::Ready(None) => {
-                        // Under the lock: a spawner that takes it after this sees the token
-                        // cancelled and refuses, so no task starts after `wait` returned.
-                        inner.token.cancel();
-                        return Poll::Ready(());
+                        // Under the lock: a spawn that takes it after this refuses, so no
+                        // task starts after `wait` returned.
+                        tasks.closed = true;
+                        break Poll::Ready(());
                     }
-                    Poll::Pending => return Poll::Pending,
+                    Poll::Pending => break Poll::Pending,
                 }
-            }
+            };
+            drop(tasks);
+            inner.cancel_if(failed || polled.is_ready());
+            polled
         })
         .await;
         std::mem::take(&mut *lock(&inner.failures))
@@ -331,14 +377,24 @@ impl<E: Send + 'static> Inner<E> {
         F: Future<Output = Result<(), E>> + Send + 'static,
     {
         let mut tasks = lock(&self.tasks);
-        // Checked under the lock that `finish` cancels under: nothing joins a group that
-        // has been waited for.
-        if self.token.is_cancelled() {
+        // Checked under the lock that `finish` closes under: nothing joins a group that has
+        // been waited for.
+        if tasks.closed || self.token.is_cancelled() {
             return Err(SpawnError::Cancelled(future));
         }
-        self.reap(&mut tasks);
+        let failed = self.reap(&mut tasks);
         let inner = Arc::clone(self);
-        tasks.spawn(async move {
+        let mut unstarted = Unstarted {
+            future: Some(future),
+        };
+        SPAWNING.with(|flag| flag.set(true));
+        let spawning = ResetOnDrop;
+        tasks.set.spawn(async move {
+            let future = unstarted
+                .future
+                .take()
+                .expect("taken once, at the first poll");
+            drop(unstarted);
             let outcome = catch_panic("group-task", future).await;
             let failure = match outcome {
                 Ok(Ok(())) => return,
@@ -352,45 +408,80 @@ impl<E: Send + 'static> Inner<E> {
             // a spawn waiting for it then sees the group cancelled, like Go's errgroup.
             drop(permit);
         });
+        drop(spawning);
+        drop(tasks);
+        self.cancel_if(failed);
+        let buried = BURIED.with(|buried| std::mem::take(&mut *buried.borrow_mut()));
+        for future in buried {
+            drop_quietly(future);
+        }
         Ok(())
     }
 
-    /// Collects the tasks that have finished, so that the set holds only running ones.
-    fn reap(&self, tasks: &mut JoinSet<()>) {
-        while let Some(joined) = tasks.try_join_next() {
-            self.joined(joined);
+    /// Cancels the token when a failure was recorded under the `tasks` lock (see `tasks`).
+    fn cancel_if(&self, failed: bool) {
+        if failed {
+            self.token.cancel();
         }
+    }
+
+    /// Collects the tasks that have finished, so that the set holds only running ones.
+    /// Returns `true` if a failure was recorded: the caller cancels the token after it has
+    /// released the lock.
+    fn reap(&self, tasks: &mut Tasks) -> bool {
+        let mut failed = false;
+        while let Some(joined) = tasks.set.try_join_next() {
+            failed |= self.joined(joined);
+        }
+        failed
     }
 
     /// What a finished task left: nothing, unless its future panicked in its destructor (a
     /// task cannot panic out of its `catch_panic`, and only the group's drop aborts).
-    fn joined(&self, joined: Result<(), JoinError>) {
+    /// Returns `true` when it recorded a failure, for the caller to cancel the token once it
+    /// has released the `tasks` lock.
+    fn joined(&self, joined: Result<(), JoinError>) -> bool {
         if let Err(error) = joined
             && error.is_panic()
         {
             let panic = PanicError::from_panic("group-task", error.into_panic());
-            self.record(TaskFailure::Panicked(panic));
+            self.push(TaskFailure::Panicked(panic));
+            return true;
         }
+        false
     }
 
     /// Records `failure`, then cancels the siblings.
     fn record(&self, failure: TaskFailure<E>) {
+        self.push(failure);
+        self.token.cancel();
+    }
+
+    fn push(&self, failure: TaskFailure<E>) {
         let mut failures = lock(&self.failures);
         if !failures.is_empty() {
             tracing::debug!("task group: a later failure; the first one wins");
         }
         failures.push(failure);
-        drop(failures);
-        self.token.cancel();
     }
 }
 
-/// Drops a failure the caller will not see. Its `Drop` is user code: a panic there is caught
-/// and logged, so that `wait` never panics because of a task.
-fn drop_quietly<E>(failure: TaskFailure<E>) {
-    if let Err(payload) = std::panic::catch_unwind(AssertUnwindSafe(move || drop(failure))) {
+/// Drops a failure the caller will not see (or a future whose task never started). Its `Drop`
+/// is user code: a panic there is caught and logged, so that `wait` never panics because of a
+/// task.
+fn drop_quietly<T>(value: T) {
+    if let Err(payload) = std::panic::catch_unwind(AssertUnwindSafe(move || drop(value))) {
         let panic = PanicError::from_panic("group-task", payload);
-        tracing::error!(panic = %panic.message(), "task group: dropping a later failure panicked; ignored");
+        tracing::error!(panic = %panic.message(), "task group: a Drop panicked; caught");
+    }
+}
+
+/// Clears `SPAWNING` however `spawn` returns.
+struct ResetOnDrop;
+
+impl Drop for ResetOnDrop {
+    fn drop(&mut self) {
+        SPAWNING.with(|flag| flag.set(false));
     }
 }
 
@@ -398,8 +489,11 @@ impl<E> Drop for TaskGroup<E> {
     fn drop(&mut self) {
         // Spawners refuse from now on; the tasks that are mid-poll elsewhere see the token,
         // and the rest are aborted now (spawners may keep the set itself alive).
+        let mut tasks = lock(&self.inner.tasks);
+        tasks.closed = true;
+        tasks.set.abort_all();
+        drop(tasks);
         self.inner.token.cancel();
-        lock(&self.inner.tasks).abort_all();
         let failures = std::mem::take(&mut *lock(&self.inner.failures));
         for failure in failures {
             drop_quietly(failure);
@@ -410,7 +504,7 @@ impl<E> Drop for TaskGroup<E> {
 impl<E> fmt::Debug for TaskGroup<E> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("TaskGroup")
-            .field("tasks", &lock(&self.inner.tasks).len())
+            .field("tasks", &lock(&self.inner.tasks).set.len())
             .field("limit", &self.inner.slots.limit())
             .field("cancelled", &self.inner.token.is_cancelled())
             .finish()

@@ -495,3 +495,73 @@ async fn a_long_lived_group_stays_flat_over_100_000_short_tasks() {
     assert!(largest <= 2, "the group held {largest} tasks at once");
     group.wait().await.unwrap();
 }
+
+/// A future that, when dropped, spawns into its group a future that does the same, `depth`
+/// more times: user code in `Drop` that re-enters the group.
+struct SpawnsOnDrop {
+    spawner: Option<Spawner<String>>,
+    depth: u32,
+    drops: Arc<AtomicUsize>,
+}
+
+impl Future for SpawnsOnDrop {
+    type Output = Result<(), String>;
+    fn poll(
+        self: std::pin::Pin<&mut Self>,
+        _cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        std::task::Poll::Pending
+    }
+}
+
+impl Drop for SpawnsOnDrop {
+    fn drop(&mut self) {
+        self.drops.fetch_add(1, Ordering::SeqCst);
+        if let Some(spawner) = self.spawner.take()
+            && self.depth > 0
+        {
+            let next = SpawnsOnDrop {
+                spawner: Some(spawner.clone()),
+                depth: self.depth - 1,
+                drops: Arc::clone(&self.drops),
+            };
+            let _ = spawner.try_spawn(next);
+        }
+    }
+}
+
+// Review of issue 20: on a runtime that is shutting down, tokio drops a new task's future
+// inside `spawn`, which the group calls under its lock; a `Drop` that spawns into the group
+// again used to deadlock there. The future is now dropped after the lock is released.
+#[test]
+fn a_drop_that_spawns_into_the_group_while_the_runtime_shuts_down_does_not_deadlock() {
+    let drops = Arc::new(AtomicUsize::new(0));
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    let group = runtime.block_on(async {
+        let group = TaskGroup::<String>::new(CancellationToken::new());
+        group
+            .try_spawn(SpawnsOnDrop {
+                spawner: Some(group.spawner()),
+                depth: 3,
+                drops: Arc::clone(&drops),
+            })
+            .unwrap();
+        tokio::task::yield_now().await; // the task is pending
+        group
+    });
+    // The runtime drops the pending task; its `Drop` spawns, tokio drops that task at once
+    // (inside `spawn`), whose `Drop` spawns again, three times.
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    let dropper = std::thread::spawn(move || {
+        drop(runtime);
+        done_tx.send(()).unwrap();
+    });
+    done_rx
+        .recv_timeout(Duration::from_secs(10))
+        .expect("the runtime's shutdown deadlocked in the group");
+    dropper.join().unwrap();
+    assert_eq!(drops.load(Ordering::SeqCst), 4);
+    drop(group);
+}

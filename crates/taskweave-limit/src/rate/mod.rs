@@ -1,5 +1,8 @@
 //! `RateLimiter`: a token bucket (GCRA) with wait, allow, reserve, and live reconfiguration.
 
+mod reconfigure;
+mod reservation;
+
 use std::fmt;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -7,8 +10,10 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use crate::gcra::{Clock, Decision, Rate, Tat, nanos};
+use crate::gcra::{Clock, Decision, Rate, Tat};
 use crate::{CheckError, Quota, Wait};
+
+pub use reservation::Reservation;
 
 /// A token bucket: [`Quota::burst`] tokens, one more every [`Quota::interval`].
 ///
@@ -267,144 +272,6 @@ impl RateLimiter {
         Wait::new(self, token, n, Some(max_wait))
     }
 
-    /// Takes one token now or in the future; see [`reserve_n`](Self::reserve_n).
-    ///
-    /// Never fails: in the one case where [`reserve_n`](Self::reserve_n) would (the bucket
-    /// already reserved beyond the clock's range, about 584 years ahead), the reservation
-    /// holds no token and is never due ([`delay`](Reservation::delay) is `Duration::MAX`).
-    #[must_use = "a reservation takes a token; cancel it to give it back"]
-    pub fn reserve(&self) -> Reservation {
-        self.reserve_n(1).unwrap_or_else(|_| Reservation {
-            limiter: self.clone(),
-            tokens: 0,
-            due: self.inner.clock.instant(u64::MAX),
-            due_at: u64::MAX,
-            delay: Duration::MAX,
-            interval: self.rate().interval,
-        })
-    }
-
-    /// Takes `n` tokens now or in the future: the reservation says how long until they are
-    /// due ([`Reservation::delay`]); act then, or [`cancel`](Reservation::cancel) it to give
-    /// the tokens back. Later callers queue behind the reservation.
-    ///
-    /// # Errors
-    ///
-    /// [`CheckError::ExceedsBurst`] when `n` is more than the burst, or
-    /// `CheckError::NotYet { wait: Duration::MAX }` when the bucket is already reserved beyond
-    /// the clock's range (about 584 years ahead: reservations on a very slow quota).
-    pub fn reserve_n(&self, n: u32) -> Result<Reservation, CheckError> {
-        self.reserve_within(n, Duration::MAX)
-    }
-
-    /// Like [`reserve_n`](Self::reserve_n), but takes nothing when the tokens would be due
-    /// later than `max_wait` from now (x/time/rate's `ReserveN` with a maximum future
-    /// reservation): `CheckError::NotYet` then says how long it would have been.
-    ///
-    /// # Errors
-    ///
-    /// [`CheckError::ExceedsBurst`], or [`CheckError::NotYet`] (nothing taken).
-    pub fn reserve_within(&self, n: u32, max_wait: Duration) -> Result<Reservation, CheckError> {
-        let mut books = self.books();
-        let rate = self.rate();
-        if n > rate.burst {
-            return Err(CheckError::ExceedsBurst {
-                requested: n,
-                burst: rate.burst,
-            });
-        }
-        let now = self.inner.clock.now();
-        let Some(delay) = self.inner.tat.reserve(now, n, rate, nanos(max_wait)) else {
-            let wait = match rate.reserve(self.inner.tat.load(), now, n, u64::MAX) {
-                Some((_, delay)) => Duration::from_nanos(delay),
-                None => Duration::MAX,
-            };
-            return Err(CheckError::NotYet { wait });
-        };
-        let due = now.saturating_add(delay);
-        books.last_due = books.last_due.max(due);
-        Ok(Reservation {
-            limiter: self.clone(),
-            tokens: n,
-            due: self.inner.clock.instant(due),
-            due_at: due,
-            delay: Duration::from_nanos(delay),
-            interval: rate.interval,
-        })
-    }
-
-    /// Changes the rate and the burst of a live limiter; see [`set_interval`](Self::set_interval)
-    /// and [`set_burst`](Self::set_burst).
-    pub fn set_quota(&self, quota: Quota) {
-        let mut books = self.books();
-        self.change(&mut books, quota.interval(), quota.burst());
-    }
-
-    /// Changes the time between two tokens of a live limiter (any rate, fractional ones
-    /// included). The tokens available stay what they were (a drained bucket stays drained
-    /// and refills at the new rate: its state is rescaled, not reset), as x/time/rate's
-    /// `SetLimit`. Callers already sleeping on a delay computed at the old rate wake at that
-    /// time and check again.
-    ///
-    /// # Panics
-    ///
-    /// Panics if `interval` is zero.
-    pub fn set_interval(&self, interval: Duration) {
-        assert!(
-            !interval.is_zero(),
-            "RateLimiter::set_interval: the interval must be greater than zero"
-        );
-        let mut books = self.books();
-        let burst = self.rate().burst;
-        self.change(&mut books, interval, burst);
-    }
-
-    /// [`set_interval`](Self::set_interval) for `per_second` tokens a second.
-    ///
-    /// # Panics
-    ///
-    /// Panics if `per_second` is zero or above 10⁹.
-    pub fn set_rate(&self, per_second: u32) {
-        let interval = Quota::per_second(per_second).interval();
-        self.set_interval(interval);
-    }
-
-    /// Changes the burst of a live limiter. The tokens available now stay what they were
-    /// (x/time/rate's `SetBurst`): raising the burst frees nothing at once, the bucket just
-    /// fills higher; lowering it caps what is available at the new burst.
-    ///
-    /// # Panics
-    ///
-    /// Panics if `burst` is zero.
-    pub fn set_burst(&self, burst: u32) {
-        assert!(
-            burst > 0,
-            "RateLimiter::set_burst: burst must be greater than zero"
-        );
-        let mut books = self.books();
-        let asked = books.asked;
-        self.change(&mut books, asked, burst);
-    }
-
-    /// Applies new settings under the books' lock: the rescale for the interval first, then
-    /// the shift for the burst, then the settings themselves.
-    fn change(&self, books: &mut Books, interval: Duration, burst: u32) {
-        let old = self.rate();
-        let new = Rate::new(interval, burst);
-        let now = self.inner.clock.now();
-        books.asked = interval;
-        if new.interval != old.interval {
-            self.inner.tat.rescale(now, old.interval, new.interval);
-            self.inner.interval.store(new.interval, Ordering::Relaxed);
-        }
-        if new.burst != old.burst {
-            self.inner
-                .tat
-                .reburst(now, new.interval, old.burst, new.burst);
-            self.inner.burst.store(new.burst, Ordering::Relaxed);
-        }
-    }
-
     /// The current quota (the interval as used: see [`Quota::every`] for the longest one).
     #[must_use]
     pub fn quota(&self) -> Quota {
@@ -462,94 +329,6 @@ impl fmt::Debug for RateLimiter {
             .field("burst", &self.burst())
             .field("available", &self.available())
             .field("tokio_clock", &self.uses_tokio_clock())
-            .finish()
-    }
-}
-
-/// Tokens taken by [`RateLimiter::reserve_n`], due after [`delay`](Self::delay).
-///
-/// Dropping it keeps the tokens taken; [`cancel`](Self::cancel) gives back what is still in
-/// the future.
-#[must_use = "a reservation takes tokens; cancel it to give them back"]
-pub struct Reservation {
-    limiter: RateLimiter,
-    tokens: u32,
-    due: tokio::time::Instant,
-    due_at: u64,
-    delay: Duration,
-    /// The interval the tokens were taken at.
-    interval: u64,
-}
-
-impl Reservation {
-    /// How long after the reservation the tokens were due (zero: at once).
-    #[must_use]
-    pub fn delay(&self) -> Duration {
-        self.delay
-    }
-
-    /// When the tokens are due.
-    #[must_use]
-    pub fn due(&self) -> tokio::time::Instant {
-        self.due
-    }
-
-    /// How many tokens it holds.
-    #[must_use]
-    pub fn tokens(&self) -> u32 {
-        self.tokens
-    }
-
-    /// Waits until the tokens are due.
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel safe: the reservation is unchanged.
-    pub async fn ready(&self) {
-        tokio::time::sleep_until(self.due).await;
-    }
-
-    /// Gives back the tokens that are still in the future, as x/time/rate's
-    /// `Reservation.Cancel`: nothing once the due time has passed (at the due instant itself
-    /// they still come back); otherwise the tokens not already reserved by later callers
-    /// (whose due times stay as they were), counted at the rate they were taken at and given
-    /// back at today's rate (so a `set_interval` in between refunds what those tokens are
-    /// worth now), never more than the burst.
-    pub fn cancel(self) {
-        let limiter = &self.limiter;
-        let mut books = limiter.books();
-        let now = limiter.inner.clock.now();
-        if self.due_at < now {
-            return;
-        }
-        let cost = u128::from(self.interval) * u128::from(self.tokens);
-        // Reserved after this one, in time at this one's interval.
-        let after = u128::from(books.last_due.saturating_sub(self.due_at));
-        let refund = cost.saturating_sub(after);
-        if refund == 0 {
-            return;
-        }
-        let interval_now = u128::from(limiter.rate().interval);
-        let refund_now = refund * interval_now / u128::from(self.interval.max(1));
-        limiter
-            .inner
-            .tat
-            .refund(now, u64::try_from(refund_now).unwrap_or(u64::MAX));
-        if books.last_due == self.due_at {
-            // This was the latest: the one before it is now (if it is still ahead).
-            let before = u64::try_from(u128::from(self.due_at).saturating_sub(cost)).unwrap_or(0);
-            if before >= now {
-                books.last_due = before;
-            }
-        }
-    }
-}
-
-impl fmt::Debug for Reservation {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Reservation")
-            .field("tokens", &self.tokens)
-            .field("delay", &self.delay)
             .finish()
     }
 }
