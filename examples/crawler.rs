@@ -156,18 +156,29 @@ async fn crawl(
     // it, and the submitter below closes the pool when it is done.
     let results = fetchers.into_results().expect("results are enabled");
 
+    // A result can come back at most this far ahead of the one the reader waits for: every
+    // page is asked for before the first is in, so the window is the whole crawl.
+    let window = urls.len();
     let token = group.token();
     group
         .spawn(async move {
+            let mut submitted = Ok(());
             for url in urls {
-                submitter.submit(&token, url).await?;
+                submitted = submitter.submit(&token, url).await.map(drop);
+                if submitted.is_err() {
+                    break;
+                }
             }
+            // Closed on every path: the fetches in flight finish (or see the cancellation)
+            // before the crawl returns.
             let report = submitter.close().await;
             println!(
-                "  fetchers: {} fetched, {} failed",
-                report.metrics.completed, report.metrics.failed
+                "  fetchers: {} fetched, {} failed, {} handed back",
+                report.metrics.completed,
+                report.metrics.failed,
+                report.handed_back.len()
             );
-            Ok(())
+            Ok(submitted?)
         })
         .await
         .map_err(|_| CrawlError::Cancelled)?;
@@ -179,7 +190,7 @@ async fn crawl(
         .spawn(async move {
             // The pool hands results back in completion order with their submission index;
             // the reorder adapter puts them back in the order they were asked for.
-            let mut pages = results.reorder(ordering_token, 64);
+            let mut pages = results.reorder(ordering_token, window);
             while let Some(page) = pages.next().await {
                 let (url, bytes) = page??;
                 println!("  {:<32} {bytes:>5} bytes", url.to_string());

@@ -4,6 +4,7 @@ use std::cell::{Cell, RefCell};
 use std::fmt;
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::Poll;
 
@@ -109,12 +110,17 @@ pub(crate) struct Inner<E> {
     slots: Slots,
     /// Every failure in the order recorded; the first is what `wait` returns.
     failures: Mutex<Vec<TaskFailure<E>>>,
+    /// Set when the group is dropped: later failures have nobody to go to and are dropped at
+    /// once (inside a catch), not kept until the last spawner goes.
+    dropped: AtomicBool,
 }
 
 struct Tasks {
     set: JoinSet<()>,
     /// Set when `wait` has seen the set empty, or the group was dropped: no task joins after.
     closed: bool,
+    /// Set by the first spawn: the limit can no longer change.
+    spawned: bool,
 }
 
 thread_local! {
@@ -154,7 +160,9 @@ impl<E: Send + 'static> TaskGroup<E> {
                 tasks: Mutex::new(Tasks {
                     set: JoinSet::new(),
                     closed: false,
+                    spawned: false,
                 }),
+                dropped: AtomicBool::new(false),
                 slots: Slots::default(),
                 failures: Mutex::new(Vec::new()),
             }),
@@ -176,7 +184,7 @@ impl<E: Send + 'static> TaskGroup<E> {
             "TaskGroup::with_limit: limit must be greater than zero"
         );
         let inner = Arc::get_mut(&mut self.inner)
-            .filter(|inner| lock(&inner.tasks).set.is_empty())
+            .filter(|inner| !lock(&inner.tasks).spawned)
             .expect("TaskGroup::with_limit: set the limit before the first spawn");
         inner.slots = Slots::limited(limit);
         self
@@ -376,13 +384,20 @@ impl<E: Send + 'static> Inner<E> {
     where
         F: Future<Output = Result<(), E>> + Send + 'static,
     {
+        // Declared first, so dropped last: after the lock, on every path (an unwind of
+        // `spawn` outside a runtime included).
+        let _buried = DropBuried;
         let mut tasks = lock(&self.tasks);
+        // A failure found by the reaping counts before this spawn: the task is refused.
+        let failed = self.reap(&mut tasks);
         // Checked under the lock that `finish` closes under: nothing joins a group that has
         // been waited for.
-        if tasks.closed || self.token.is_cancelled() {
+        if failed || tasks.closed || self.token.is_cancelled() {
+            drop(tasks);
+            self.cancel_if(failed);
             return Err(SpawnError::Cancelled(future));
         }
-        let failed = self.reap(&mut tasks);
+        tasks.spawned = true;
         let inner = Arc::clone(self);
         let mut unstarted = Unstarted {
             future: Some(future),
@@ -410,11 +425,6 @@ impl<E: Send + 'static> Inner<E> {
         });
         drop(spawning);
         drop(tasks);
-        self.cancel_if(failed);
-        let buried = BURIED.with(|buried| std::mem::take(&mut *buried.borrow_mut()));
-        for future in buried {
-            drop_quietly(future);
-        }
         Ok(())
     }
 
@@ -459,6 +469,13 @@ impl<E: Send + 'static> Inner<E> {
 
     fn push(&self, failure: TaskFailure<E>) {
         let mut failures = lock(&self.failures);
+        // Read under the lock the group's `Drop` sets it under: a failure is either taken by
+        // that `Drop` or dropped here, never left behind.
+        if self.dropped.load(Ordering::Relaxed) {
+            drop(failures);
+            drop_quietly(failure);
+            return;
+        }
         if !failures.is_empty() {
             tracing::debug!("task group: a later failure; the first one wins");
         }
@@ -476,6 +493,18 @@ fn drop_quietly<T>(value: T) {
     }
 }
 
+/// Drops what `BURIED` holds, once the `tasks` lock is released.
+struct DropBuried;
+
+impl Drop for DropBuried {
+    fn drop(&mut self) {
+        let buried = BURIED.with(|buried| std::mem::take(&mut *buried.borrow_mut()));
+        for future in buried {
+            drop_quietly(future);
+        }
+    }
+}
+
 /// Clears `SPAWNING` however `spawn` returns.
 struct ResetOnDrop;
 
@@ -488,13 +517,19 @@ impl Drop for ResetOnDrop {
 impl<E> Drop for TaskGroup<E> {
     fn drop(&mut self) {
         // Spawners refuse from now on; the tasks that are mid-poll elsewhere see the token,
-        // and the rest are aborted now (spawners may keep the set itself alive).
+        // and the rest are aborted now.
         let mut tasks = lock(&self.inner.tasks);
         tasks.closed = true;
-        tasks.set.abort_all();
+        // Taken out, so that spawners that outlive the group do not keep the aborted tasks'
+        // entries; dropping the set aborts them and detaches them.
+        let set = std::mem::take(&mut tasks.set);
         drop(tasks);
+        drop(set);
         self.inner.token.cancel();
-        let failures = std::mem::take(&mut *lock(&self.inner.failures));
+        let mut guard = lock(&self.inner.failures);
+        self.inner.dropped.store(true, Ordering::Relaxed);
+        let failures = std::mem::take(&mut *guard);
+        drop(guard);
         for failure in failures {
             drop_quietly(failure);
         }

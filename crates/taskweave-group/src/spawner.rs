@@ -9,8 +9,8 @@ use tokio_util::sync::CancellationToken;
 use crate::SpawnError;
 use crate::group::Inner;
 
-/// A handle that spawns into a [`TaskGroup`], to move into its tasks; from
-/// [`TaskGroup::spawner`].
+/// A handle that spawns into a [`TaskGroup`](crate::TaskGroup), to move into its tasks; from
+/// [`TaskGroup::spawner`](crate::TaskGroup::spawner).
 ///
 /// It spawns exactly as the group does (the same limit, the same refusals). Once the group
 /// has been waited for or dropped, every spawn is refused with [`SpawnError::Cancelled`].

@@ -213,7 +213,9 @@ static TO_TRACING: AtomicBool = AtomicBool::new(false);
 /// in place now, which it no longer calls while a `tracing` subscriber takes error events
 /// (when none does, the panic still goes to the previous hook, so it is never silent). Call it
 /// once, early, after installing the subscriber; a hook the application installs after it
-/// replaces it. Idempotent.
+/// replaces it. Idempotent. If the application replaced taskweave's hook before this call
+/// (after an earlier first use of the crate), the call changes nothing: install your own
+/// hook's logging instead.
 ///
 /// # Examples
 ///
@@ -271,7 +273,7 @@ fn log_uncaught(info: &PanicHookInfo<'_>) {
         panic = payload_str(info.payload()).unwrap_or("Box<dyn Any>"),
         location = info.location().map(ToString::to_string).as_deref().unwrap_or("unknown"),
         thread = thread.name().unwrap_or("<unnamed>"),
-        backtrace = %Backtrace::capture(),
+        backtrace = %Backtrace::force_capture(),
         "panicked"
     );
 }

@@ -84,6 +84,9 @@ async fn the_input_can_be_inspected_and_taken_back() {
     assert_eq!(stream.get_mut().next().await, Some(2));
     let mut pinned = std::pin::pin!(stream);
     assert_eq!(pinned.as_mut().get_pin_mut().size_hint(), (1, Some(1)));
+    assert_eq!(pinned.next().await, Some(3));
+    let taken_back = or_done(token.clone(), futures::stream::iter([4, 5])).into_inner();
+    assert_eq!(taken_back.collect::<Vec<_>>().await, [4, 5]);
     token.cancel();
     assert_eq!(pinned.next().await, None, "cancelled");
 }
