@@ -391,8 +391,9 @@ impl<E: Send + 'static> Inner<E> {
         // A failure found by the reaping counts before this spawn: the task is refused.
         let failed = self.reap(&mut tasks);
         // Checked under the lock that `finish` closes under: nothing joins a group that has
-        // been waited for.
-        if failed || tasks.closed || self.token.is_cancelled() {
+        // been waited for. (The token was checked by the slot's claim just before; reading it
+        // again costs a lock of the token per spawn.)
+        if failed || tasks.closed {
             drop(tasks);
             self.cancel_if(failed);
             return Err(SpawnError::Cancelled(future));
