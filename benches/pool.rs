@@ -462,6 +462,21 @@ where
     elapsed
 }
 
+/// The sum of `iters` timed runs of `run`: `iter_custom`'s answer.
+fn summed<Fut: Future<Output = Duration>>(
+    runtime: &tokio::runtime::Runtime,
+    iters: u64,
+    run: impl Fn() -> Fut,
+) -> Duration {
+    runtime.block_on(async {
+        let mut total = Duration::ZERO;
+        for _ in 0..iters {
+            total += run().await;
+        }
+        total
+    })
+}
+
 fn cancel_blocked(c: &mut Criterion) {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -474,26 +489,10 @@ fn cancel_blocked(c: &mut Criterion) {
     for blocked in BLOCKED {
         group.throughput(Throughput::Elements(blocked));
         group.bench_function(BenchmarkId::new("WorkerPool", blocked), |b| {
-            b.iter_custom(|iters| {
-                runtime.block_on(async {
-                    let mut total = Duration::ZERO;
-                    for _ in 0..iters {
-                        total += cancel_blocked_worker_pool(blocked).await;
-                    }
-                    total
-                })
-            });
+            b.iter_custom(|iters| summed(&runtime, iters, || cancel_blocked_worker_pool(blocked)));
         });
         group.bench_function(BenchmarkId::new("tokio-mpsc+select", blocked), |b| {
-            b.iter_custom(|iters| {
-                runtime.block_on(async {
-                    let mut total = Duration::ZERO;
-                    for _ in 0..iters {
-                        total += cancel_blocked_tokio_mpsc(blocked).await;
-                    }
-                    total
-                })
-            });
+            b.iter_custom(|iters| summed(&runtime, iters, || cancel_blocked_tokio_mpsc(blocked)));
         });
     }
     group.finish();

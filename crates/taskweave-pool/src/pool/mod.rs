@@ -11,7 +11,7 @@ use std::fmt;
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 
 use taskweave_supervise::{PanicError, Supervisor, TaskName};
 use tokio_util::sync::CancellationToken;
@@ -285,12 +285,7 @@ where
     /// ```
     #[must_use]
     pub fn results(&self) -> Option<Results<R, E>> {
-        self.handle
-            .shared
-            .results
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take()
+        lock(&self.handle.shared.results).take()
     }
 
     /// Gives up this handle and takes the results stream, so that the stream ends as soon as

@@ -9,7 +9,7 @@ use std::task::{Context, Poll, ready};
 use futures::Stream;
 use futures::stream::FusedStream;
 
-use super::ResultsQueue;
+use super::{ResultsQueue, lock};
 use crate::JobResult;
 use crate::queue::WaiterId;
 
@@ -56,12 +56,7 @@ impl<R, E> Results<R, E> {
 impl<R, E> Results<R, E> {
     /// Outcomes taken and not yet handed out, and those still queued.
     fn buffered(&self) -> usize {
-        let taken = self
-            .taken
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .len();
-        taken + self.queue.len()
+        lock(&self.taken).len() + self.queue.len()
     }
 }
 

@@ -7,6 +7,7 @@ use std::fmt;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use crate::TaskName;
+use crate::internal::lock;
 
 /// A panic caught inside a supervised task or future.
 ///
@@ -120,11 +121,7 @@ impl PanicError {
     }
 
     pub(crate) fn keep_payload(&self, payload: Box<dyn Any + Send>) {
-        let mut slot = self
-            .details
-            .payload
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
+        let mut slot = lock(&self.details.payload);
         let previous = slot.replace(payload);
         drop(slot);
         if let Some(previous) = previous {
@@ -158,11 +155,7 @@ impl PanicError {
     /// ```
     #[must_use]
     pub fn take_payload(&self) -> Option<Box<dyn Any + Send>> {
-        self.details
-            .payload
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take()
+        lock(&self.details.payload).take()
     }
 
     /// Re-raises the panic in the caller, with its original payload (as

@@ -212,10 +212,7 @@ impl MemoryStore {
 
     fn lock(&self) -> MutexGuard<'_, State> {
         // Every update below leaves the state consistent before anything can panic.
-        self.inner
-            .state
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        taskweave_supervise::internal::lock(&self.inner.state)
     }
 }
 
