@@ -114,7 +114,7 @@ impl State {
         self.closed
             && match self.tasks.len() {
                 0 => true,
-                1 => except.is_some() && self.tasks.iter().all(|(_, entry)| entry.task == except),
+                1 => except.is_some() && self.tasks.iter().all(|(_, entry)| entry.task() == except),
                 _ => false,
             }
     }
@@ -123,9 +123,14 @@ impl State {
 struct Entry {
     id: u64,
     name: TaskName,
-    /// Set once the task is spawned (see `launch`).
+    /// Set by `launch` before it releases the lock: `None` only while it spawns.
     abort: Option<AbortHandle>,
-    task: Option<Id>,
+}
+
+impl Entry {
+    fn task(&self) -> Option<Id> {
+        self.abort.as_ref().map(AbortHandle::id)
+    }
 }
 
 #[derive(Default)]

@@ -408,3 +408,55 @@ fn spawn_outside_a_runtime_panics_before_claiming_a_slot() {
     let supervisor = Supervisor::new(CancellationToken::new());
     drop(supervisor.spawn("nowhere", async {}));
 }
+
+// tokio drops a task inside `spawn` when its runtime has shut down. The supervisor holds its
+// lock around that `spawn`: the future's `Drop` (user code, here one that reads the
+// supervisor, which takes the lock) must run after the lock is released, and the slot must
+// still be freed and counted.
+#[test]
+fn a_spawn_on_a_runtime_that_shut_down_drops_the_future_outside_the_lock() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    struct ReadsTheSupervisor {
+        supervisor: Supervisor,
+        seen: Arc<AtomicUsize>,
+    }
+    impl Drop for ReadsTheSupervisor {
+        fn drop(&mut self) {
+            // Deadlocks if run under the supervisor's lock.
+            self.seen.store(self.supervisor.len() + 1, Ordering::SeqCst);
+        }
+    }
+
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    let handle = runtime.handle().clone();
+    drop(runtime);
+    let _entered = handle.enter();
+    let supervisor = Supervisor::new(CancellationToken::new());
+    let seen = Arc::new(AtomicUsize::new(0));
+    let guard = ReadsTheSupervisor {
+        supervisor: supervisor.clone(),
+        seen: Arc::clone(&seen),
+    };
+    let task = supervisor
+        .spawn("too-late", async move {
+            let _guard = guard;
+        })
+        .expect("the supervisor is open");
+    assert_ne!(
+        seen.load(Ordering::SeqCst),
+        0,
+        "the future was dropped inside spawn"
+    );
+    assert!(supervisor.is_empty(), "the slot was freed");
+    let metrics = supervisor.metrics();
+    assert_eq!(metrics.spawned, 1);
+    assert_eq!(metrics.aborted, 1, "{metrics:?}");
+    assert_eq!(metrics.running, 0);
+    drop(task);
+    // Still usable: the thread-local state was reset.
+    assert!(supervisor.close());
+}
