@@ -1,11 +1,11 @@
 //! Ordered parallel map: `map_parallel` (first failure cancels the rest) and
 //! `map_parallel_all` (every outcome, in input order).
 
-use std::collections::HashMap;
 use std::future::Future;
 use std::sync::Arc;
+use std::task::Poll;
 
-use taskweave_supervise::{PanicError, catch_panic};
+use taskweave_supervise::{PanicError, TokenWatch, catch_panic};
 use tokio::task::{Id, JoinSet};
 use tokio_util::sync::CancellationToken;
 
@@ -14,8 +14,10 @@ use crate::TaskFailure;
 /// Applies `f` to every item with at most `limit` calls in flight, each on its own task, and
 /// returns the results **in input order**; the first failure cancels the rest.
 ///
-/// Each call gets a token of its own, cancelled by the first failure (by time, as the results
-/// come in) or when `token` is cancelled. After that no new call starts; the calls in flight
+/// Each call gets a token, cancelled by the first failure (by time, as the results
+/// come in) or when `token` is cancelled (the calls share a few tokens, one per
+/// call in flight: a call that has finished may see its token cancelled later, when the map
+/// stops). After that no new call starts; the calls in flight
 /// see their token cancelled and are awaited, and their outcomes are discarded. A panicking
 /// call is caught and becomes [`TaskFailure::Panicked`]. The input is read lazily, one item
 /// per started call, and not read any further once the map stops.
@@ -181,18 +183,23 @@ where
     assert!(limit > 0, "map_parallel: limit must be greater than zero");
     let f = Arc::new(f);
     let mut items = items.into_iter().enumerate();
-    let mut slots: Slots<R, E> = Vec::new();
-    let mut calls: JoinSet<Result<R, TaskFailure<E>>> = JoinSet::new();
-    // Each call gets a token of its own, cancelled by this loop, rather than a clone of one
-    // shared token: every clone and drop of a shared token takes that token's one lock, from
-    // every worker thread, which made the map more than twice as slow as JoinSet + Semaphore
-    // on a multi-thread runtime. The guard cancels the calls in flight if this future is
-    // dropped (the `JoinSet` aborts them too).
-    let mut in_flight = InFlight(HashMap::new());
-    let mut parent_cancelled = std::pin::pin!(token.cancelled());
+    // Sized from the input's lower bound (capped: a size hint is not trusted with memory), so
+    // that the slots are not copied over and over as they grow.
+    let mut slots: Slots<R, E> = Vec::with_capacity(items.size_hint().0.min(1 << 16));
+    let mut calls: JoinSet<(usize, Result<R, TaskFailure<E>>)> = JoinSet::new();
+    // The calls run in lanes, at most `limit` of them, each with a token of its own that its
+    // calls get clones of; the guard cancels the busy lanes if this future is dropped (the
+    // `JoinSet` aborts the calls too). Not one token for the whole map: every clone and drop
+    // of a token takes that token's one lock, and with one token shared by every worker
+    // thread the map was more than twice as slow as JoinSet + Semaphore on a multi-thread
+    // runtime. Not a fresh token per call either: that is an allocation and two more locks
+    // per call (measured: map_parallel 1.27 → see docs/benchmarks.md).
+    let mut lanes = Lanes::default();
+    // The caller's token, read with one atomic load per round instead of its lock.
+    let parent = TokenWatch::new(&token);
     let mut first_failure = None;
     // A token cancelled before the call starts nothing.
-    let mut stopped = token.is_cancelled();
+    let mut stopped = parent.is_cancelled();
     let mut exhausted = false;
     loop {
         while !stopped && calls.len() < limit {
@@ -202,53 +209,69 @@ where
             };
             reserve(&mut slots, index);
             let f = Arc::clone(&f);
-            let call_token = CancellationToken::new();
-            let cancel = call_token.clone();
+            let (lane, call_token) = lanes.take();
             let handle = calls.spawn(async move {
-                match catch_panic("map-call", async move { f(call_token, item).await }).await {
+                // `f` is called on the call's task, inside the catch: a panic in its
+                // synchronous part is the call's panic too.
+                let outcome =
+                    catch_panic("map-call", async move { f(call_token, item).await }).await;
+                let outcome = match outcome {
                     Ok(Ok(value)) => Ok(value),
                     Ok(Err(error)) => Err(TaskFailure::Failed(error)),
                     Err(panic) => Err(TaskFailure::Panicked(panic)),
-                }
+                };
+                (lane, outcome)
             });
-            in_flight.0.insert(handle.id(), (index, cancel));
+            lanes.start(lane, handle.id(), index);
         }
         if calls.is_empty() {
             break;
         }
-        let joined = tokio::select! {
-            biased;
-            () = &mut parent_cancelled, if !stopped => {
-                stopped = true;
-                in_flight.cancel_all();
-                continue;
+        // The caller's cancellation, when seen, wins over a call that has ended. Its waker is
+        // registered only when no call has ended yet.
+        let joined = std::future::poll_fn(|cx| {
+            if !stopped && parent.is_cancelled() {
+                return Poll::Ready(None);
             }
-            joined = calls.join_next_with_id() => joined,
+            let joined = calls.poll_join_next(cx);
+            if joined.is_pending() && !stopped {
+                parent.register(cx.waker());
+                if parent.is_cancelled() {
+                    return Poll::Ready(None);
+                }
+            }
+            joined.map(Some)
+        })
+        .await;
+        let Some(joined) = joined else {
+            stopped = true;
+            lanes.cancel_busy();
+            continue;
         };
         let Some(joined) = joined else {
             break;
         };
-        let (id, outcome) = match joined {
-            Ok((id, outcome)) => (id, outcome),
+        let (lane, outcome) = match joined {
+            Ok((lane, outcome)) => (Some(lane), outcome),
             Err(error) => {
-                let id = error.id();
                 // The call's future panicked in its destructor (or was aborted): report it
                 // against its item rather than leave the item looking unstarted.
+                let lane = lanes.find(error.id());
                 let panic = if error.is_panic() {
                     PanicError::from_panic("map-call", error.into_panic())
                 } else {
                     PanicError::from_payload("map-call", &"the call was aborted")
                 };
-                (id, Err(TaskFailure::Panicked(panic)))
+                (lane, Err(TaskFailure::Panicked(panic)))
             }
         };
-        let Some((index, _)) = in_flight.0.remove(&id) else {
+        let Some(index) = lane.and_then(|lane| lanes.finish(lane)) else {
             continue;
         };
         if outcome.is_err() && stop_on_failure && first_failure.is_none() {
             first_failure = Some(index);
             stopped = true;
-            in_flight.cancel_all();
+            lanes.cancel_busy();
         }
         slots[index] = Some(outcome);
     }
@@ -273,19 +296,61 @@ fn reserve<R, E>(slots: &mut Slots<R, E>, index: usize) {
     }
 }
 
-/// The calls in flight (at most `limit`): their item index and token, by task id.
-struct InFlight(HashMap<Id, (usize, CancellationToken)>);
+/// The lanes calls run in: a token each, and the call a busy lane runs (its task id and item
+/// index). A call's task returns its lane, so finding it costs nothing; only a call that
+/// ended without returning (a panic in its future's destructor) is looked up by task id.
+#[derive(Default)]
+struct Lanes {
+    lanes: Vec<Lane>,
+    idle: Vec<usize>,
+}
 
-impl InFlight {
-    fn cancel_all(&self) {
-        for (_, token) in self.0.values() {
-            token.cancel();
+struct Lane {
+    token: CancellationToken,
+    busy: Option<(Id, usize)>,
+}
+
+impl Lanes {
+    /// An idle lane (a new one if none is idle) and a clone of its token for the call.
+    fn take(&mut self) -> (usize, CancellationToken) {
+        let lane = self.idle.pop().unwrap_or_else(|| {
+            self.lanes.push(Lane {
+                token: CancellationToken::new(),
+                busy: None,
+            });
+            self.lanes.len() - 1
+        });
+        (lane, self.lanes[lane].token.clone())
+    }
+
+    fn start(&mut self, lane: usize, id: Id, index: usize) {
+        self.lanes[lane].busy = Some((id, index));
+    }
+
+    /// Frees `lane`; returns the index of the item its call ran.
+    fn finish(&mut self, lane: usize) -> Option<usize> {
+        let (_, index) = self.lanes.get_mut(lane)?.busy.take()?;
+        self.idle.push(lane);
+        Some(index)
+    }
+
+    fn find(&self, id: Id) -> Option<usize> {
+        self.lanes
+            .iter()
+            .position(|lane| matches!(lane.busy, Some((busy, _)) if busy == id))
+    }
+
+    fn cancel_busy(&self) {
+        for lane in &self.lanes {
+            if lane.busy.is_some() {
+                lane.token.cancel();
+            }
         }
     }
 }
 
-impl Drop for InFlight {
+impl Drop for Lanes {
     fn drop(&mut self) {
-        self.cancel_all();
+        self.cancel_busy();
     }
 }

@@ -273,3 +273,45 @@ async fn a_huge_limit_means_no_limit() {
     .unwrap();
     assert_eq!(results, (0..50).collect::<Vec<_>>());
 }
+
+// The calls share one token per call in flight (a lane's): a map that ends normally cancels
+// none of them, and one that stops at a failure cancels the ones in flight.
+#[tokio::test(start_paused = true)]
+async fn the_calls_tokens_are_left_alone_by_a_map_that_succeeds() {
+    let tokens = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let seen = Arc::clone(&tokens);
+    let results = map_parallel(CancellationToken::new(), 0..20_u64, 3, move |token, n| {
+        seen.lock().unwrap().push(token);
+        async move {
+            tokio::time::sleep(Duration::from_millis(n % 4)).await;
+            Ok::<_, String>(n)
+        }
+    })
+    .await
+    .unwrap();
+    assert_eq!(results, (0..20).collect::<Vec<_>>());
+    let tokens = tokens.lock().unwrap();
+    assert_eq!(tokens.len(), 20);
+    assert!(tokens.iter().all(|token| !token.is_cancelled()));
+
+    let slow = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let seen = Arc::clone(&slow);
+    let failed = map_parallel(CancellationToken::new(), 0..20_u64, 3, move |token, n| {
+        if n > 0 {
+            seen.lock().unwrap().push(token.clone());
+        }
+        async move {
+            if n == 0 {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                return Err("first".to_string());
+            }
+            token.cancelled().await;
+            Ok(n)
+        }
+    })
+    .await;
+    assert!(matches!(failed, Err(TaskFailure::Failed(message)) if message == "first"));
+    let slow = slow.lock().unwrap();
+    assert_eq!(slow.len(), 2, "items 1 and 2 were in flight");
+    assert!(slow.iter().all(CancellationToken::is_cancelled));
+}
