@@ -105,6 +105,69 @@ impl<J> From<TrySubmitError<J>> for SubmitError<J> {
     }
 }
 
+/// Why [`WorkerPool::submit_many`](crate::WorkerPool::submit_many) or
+/// [`try_submit_many`](crate::WorkerPool::try_submit_many) did not accept every job.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Refusal {
+    /// The queue was full: `try_submit_many`, or the reject policy.
+    Full,
+    /// The pool is closed (by `close`, `close_within`, or its token).
+    Closed,
+    /// The caller's token was cancelled (before the batch, or while it waited for space).
+    Cancelled,
+}
+
+/// A batch that was not accepted whole. The batch is accepted in order, so the accepted jobs
+/// are a prefix of it: they are queued (or, with drop-oldest, dropped later like any queued
+/// job) and their indices are `accepted`; every job after them is handed back in `refused`,
+/// in the order given.
+#[non_exhaustive]
+pub struct SubmitManyError<J> {
+    /// The indices of the jobs accepted before the refusal (possibly none).
+    pub accepted: std::ops::Range<u64>,
+    /// The jobs not accepted, in the order they were given.
+    pub refused: Vec<J>,
+    /// Why they were not accepted.
+    pub reason: Refusal,
+}
+
+impl<J> SubmitManyError<J> {
+    /// Takes back the jobs that were not accepted.
+    #[must_use]
+    pub fn into_refused(self) -> Vec<J> {
+        self.refused
+    }
+}
+
+impl<J> fmt::Debug for SubmitManyError<J> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SubmitManyError")
+            .field("accepted", &self.accepted)
+            .field("refused", &self.refused.len())
+            .field("reason", &self.reason)
+            .finish()
+    }
+}
+
+impl<J> fmt::Display for SubmitManyError<J> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let reason = match self.reason {
+            Refusal::Full => "queue full",
+            Refusal::Closed => "pool closed",
+            Refusal::Cancelled => "submit cancelled",
+        };
+        write!(
+            f,
+            "{} of {} jobs not accepted: {reason}",
+            self.refused.len(),
+            self.refused.len() as u64 + (self.accepted.end - self.accepted.start)
+        )
+    }
+}
+
+impl<J> Error for SubmitManyError<J> {}
+
 /// Why a job produced no value: its handler returned an error or panicked.
 #[derive(Debug)]
 #[non_exhaustive]

@@ -50,7 +50,7 @@ mod queue;
 
 pub use batch::{BatchReport, run};
 pub use context::JobContext;
-pub use error::{JobError, JobResult, SubmitError, TrySubmitError};
+pub use error::{JobError, JobResult, Refusal, SubmitError, SubmitManyError, TrySubmitError};
 pub use pool::{
     CloseReport, MAX_WORKERS, Overflow, PoolMetrics, Results, WorkerPool, WorkerPoolBuilder,
 };

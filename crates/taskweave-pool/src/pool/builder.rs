@@ -70,6 +70,7 @@ pub struct WorkerPoolBuilder<J> {
     pub(crate) overflow: Overflow,
     pub(crate) on_dropped: Option<DropHook<J>>,
     pub(crate) results: Option<usize>,
+    pub(crate) take: usize,
 }
 
 impl<J> WorkerPoolBuilder<J> {
@@ -90,6 +91,7 @@ impl<J> WorkerPoolBuilder<J> {
             overflow: Overflow::default(),
             on_dropped: None,
             results: None,
+            take: 1,
         }
     }
 
@@ -138,6 +140,30 @@ impl<J> WorkerPoolBuilder<J> {
         self
     }
 
+    /// Lets a worker that finds jobs queued take up to `max` of them at once, under one lock
+    /// of the queue, and run them in order before it looks at the queue again. It takes its
+    /// share: of `len` queued jobs and `w` workers, `len / w`, at least one and at most
+    /// `max`, so a short queue still keeps every worker busy. The default is 1: every job
+    /// is taken when a worker is ready to start it.
+    ///
+    /// The price is start order and latency: a job a worker holds waits for the jobs before
+    /// it on that worker, even when another worker becomes free (with jobs of uneven
+    /// length, a later job can start before an earlier one). Held jobs still count as
+    /// queued in [`PoolMetrics`](crate::PoolMetrics), a deadline close hands them back like
+    /// queued ones, and the drop-oldest policy drops only what is still in the queue. Worth
+    /// it for many tiny jobs on a busy queue, where the lock round trip per job is a large
+    /// part of the cost (see `docs/benchmarks.md`).
+    ///
+    /// # Panics
+    ///
+    /// Panics if `max` is zero.
+    #[must_use]
+    pub fn take_per_worker(mut self, max: usize) -> Self {
+        assert!(max > 0, "WorkerPool: take_per_worker must be at least one");
+        self.take = max;
+        self
+    }
+
     /// Starts the pool: spawns its workers (through `taskweave-supervise`) and returns it.
     ///
     /// `handler` is called with a [`JobContext`] (the job's index and the pool's token) and the
@@ -168,6 +194,7 @@ impl<J> fmt::Debug for WorkerPoolBuilder<J> {
             .field("overflow", &self.overflow)
             .field("on_dropped", &self.on_dropped.is_some())
             .field("results", &self.results)
+            .field("take_per_worker", &self.take)
             .finish()
     }
 }

@@ -41,8 +41,9 @@ pub struct PoolMetrics {
     /// the job keeps the outcome it was counted with: this is not a job counter, and the
     /// worker keeps serving.
     pub cleanup_panicked: u64,
-    /// Jobs accepted and not started: waiting in the queue, or taken by a worker after the
-    /// token was cancelled and waiting to be handed back by `close`.
+    /// Jobs accepted and not started: waiting in the queue, taken out of it by a worker that
+    /// runs them next (a worker takes up to eight at a time from a long queue), or taken by
+    /// a worker after the token was cancelled and waiting to be handed back by `close`.
     pub queued: u64,
     /// Handlers running now.
     pub in_flight: u64,
@@ -111,9 +112,16 @@ pub(crate) struct WorkerCounters {
     interrupted: AtomicU64,
     /// 0 or 1: the handler this worker was running when its task was dropped.
     abandoned: AtomicU64,
+    /// Jobs this worker took out of the queue and has not started (a gauge).
+    held: AtomicU64,
 }
 
 impl WorkerCounters {
+    /// The worker holds `jobs` jobs it took and has not started.
+    pub(crate) fn hold(&self, jobs: usize) {
+        self.held.store(jobs as u64, Ordering::Release);
+    }
+
     /// Called by the worker's exit steps: a job it started and never finished was
     /// abandoned. Only the worker writes its counters, and its exit steps run after its last
     /// poll, so the plain loads see its own stores.
@@ -193,6 +201,7 @@ impl Counters {
         let load = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
         let acquire = |counter: &AtomicU64| counter.load(Ordering::Acquire);
         let (mut started, mut completed, mut failed, mut panicked, mut abandoned) = (0, 0, 0, 0, 0);
+        let mut held = 0;
         for worker in &self.workers {
             // Finished counts first (Acquire), then started: a job never looks finished but
             // not started.
@@ -201,6 +210,7 @@ impl Counters {
             panicked += acquire(&worker.panicked);
             abandoned += acquire(&worker.abandoned);
             started += acquire(&worker.started);
+            held += acquire(&worker.held);
         }
         PoolMetrics {
             submitted: load(&self.next_index).saturating_sub(load(&self.refused)),
@@ -212,7 +222,7 @@ impl Counters {
             handed_back: load(&self.handed_back),
             abandoned,
             cleanup_panicked: load(&self.cleanup_panicked),
-            queued: queued as u64,
+            queued: queued as u64 + held,
             in_flight: started.saturating_sub(completed + failed + panicked + abandoned),
             workers_alive: load(&self.workers_alive),
         }

@@ -5,6 +5,7 @@ mod close;
 mod metrics;
 mod results;
 mod submit;
+mod submit_many;
 mod worker;
 
 use std::fmt;
@@ -101,6 +102,8 @@ struct Handle<J, R, E> {
 pub(crate) struct Shared<J, R, E> {
     pub(crate) name: TaskName,
     pub(crate) overflow: Overflow,
+    /// The most jobs a worker takes out of the queue at once (`take_per_worker`).
+    pub(crate) take: usize,
     /// The accepted jobs that have not started, with their indices.
     pub(crate) queue: Arc<Queue<(u64, J)>>,
     /// The results stream's queue, when it is enabled. The last worker out closes it (the
@@ -208,6 +211,7 @@ where
             given,
             name: settings.name,
             overflow: settings.overflow,
+            take: settings.take,
             queue,
             results_queue,
             on_dropped: settings.on_dropped,

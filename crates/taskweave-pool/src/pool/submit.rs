@@ -165,7 +165,7 @@ where
     }
 
     /// Counts an evicted job as dropped and hands it to `on_dropped`.
-    fn drop_evicted(&self, evicted: Option<(u64, J)>) {
+    pub(super) fn drop_evicted(&self, evicted: Option<(u64, J)>) {
         let Some((index, job)) = evicted else {
             return;
         };

@@ -1,5 +1,6 @@
 //! The worker loop: take a job, run the handler inside `catch_panic`, count, report.
 
+use std::collections::VecDeque;
 use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
@@ -21,8 +22,9 @@ where
     Fut: Future<Output = Result<R, E>>,
 {
     // `exit` runs on every way out of this function, unwinding included.
+    let mut exit = exit;
     let shared = &*exit.shared;
-    let results = shared.results_queue.as_deref();
+    let held = &mut exit.held;
     let mine = &shared.counters.workers[exit.worker];
     let mut counts = LocalCounts::default();
     // Where the worker is, for the report of a panic: which job's user code was running.
@@ -37,12 +39,12 @@ where
     loop {
         let run = run_jobs(
             shared,
+            held,
             mine,
             &mut counts,
             &mut at,
             &mut pending,
             &*handler,
-            results,
         );
         let caught = catch_panic(shared.name.clone(), run)
             .without_logging()
@@ -86,37 +88,54 @@ enum At {
 }
 
 /// Takes and runs jobs until the queue is closed and empty, or the token is cancelled.
+///
+/// A worker that finds jobs queued takes its share of them under one lock (of `len` queued
+/// jobs and `w` workers, `len / w`, between 1 and `take_per_worker`) into `held`, and runs
+/// them in order before it looks at the queue again. A held job is still counted as queued,
+/// is handed back by a deadline close like a queued one, and is no longer the drop-oldest
+/// policy's to drop.
 async fn run_jobs<J, R, E, H, Fut>(
     shared: &Shared<J, R, E>,
+    held: &mut VecDeque<(u64, J)>,
     mine: &WorkerCounters,
     counts: &mut LocalCounts,
     at: &mut At,
     pending: &mut Option<(u64, JobResult<R, E>)>,
     handler: &H,
-    results: Option<&ResultsQueue<R, E>>,
 ) where
     E: fmt::Display,
     H: Fn(JobContext, J) -> Fut,
     Fut: Future<Output = Result<R, E>>,
 {
+    let results = shared.results_queue.as_deref();
     if let Some((index, outcome)) = pending.take() {
         *at = At::Aftermath(index);
         settle(shared, results, index, outcome).await;
         *at = At::Idle;
     }
+    let others = shared.counters.workers.len() - 1;
     loop {
-        // Fast path first; the slow path needs no token: cancellation closes the queue.
-        let (index, job) = match shared.queue.try_recv() {
-            Ok(queued) => queued,
-            Err(TryRecvError::Closed) => return,
-            Err(TryRecvError::Empty) => match shared.queue.recv().await {
-                Some(queued) => queued,
-                None => return,
+        // Held jobs first, then a share of the queue; the slow path needs no token:
+        // cancellation closes the queue.
+        let (index, job) = match held.pop_front() {
+            Some(next) => next,
+            None => match shared.queue.try_recv_share(others, shared.take, held) {
+                Ok(_) => held.pop_front().expect("a share holds at least one job"),
+                Err(TryRecvError::Closed) => return,
+                Err(TryRecvError::Empty) => match shared.queue.recv().await {
+                    Some(queued) => queued,
+                    None => return,
+                },
             },
         };
+        mine.hold(held.len());
         if shared.cancel.is_cancelled() {
-            // Taken after the cancellation: it never starts, it goes back to the caller.
-            lock(&shared.returned).push((index, job));
+            // Taken after the cancellation: they never start, they go back to the caller.
+            let mut returned = lock(&shared.returned);
+            returned.push((index, job));
+            returned.extend(held.drain(..));
+            drop(returned);
+            mine.hold(0);
             return;
         }
         counts.started(mine);
@@ -194,18 +213,31 @@ async fn deliver<J, R, E>(
 pub(crate) struct WorkerExit<J, R, E> {
     shared: Arc<Shared<J, R, E>>,
     worker: usize,
+    /// Jobs the worker took out of the queue and has not started (see `run_jobs`). Here so
+    /// that they are handed back on every way out, the task dropped with its runtime
+    /// included.
+    held: VecDeque<(u64, J)>,
 }
 
 impl<J, R, E> WorkerExit<J, R, E> {
     /// For worker number `worker`, counted in `workers_alive`.
     pub(crate) fn new(shared: Arc<Shared<J, R, E>>, worker: usize) -> Self {
-        WorkerExit { shared, worker }
+        WorkerExit {
+            shared,
+            worker,
+            held: VecDeque::new(),
+        }
     }
 }
 
 impl<J, R, E> Drop for WorkerExit<J, R, E> {
     fn drop(&mut self) {
         let shared = &*self.shared;
+        if !self.held.is_empty() {
+            // Never started: handed back by `close` (or dropped, counted, below).
+            lock(&shared.returned).extend(self.held.drain(..));
+        }
+        shared.counters.workers[self.worker].hold(0);
         // A handler still running here never returns: its task was dropped (its runtime shut
         // down). The job is counted as abandoned, so the books still balance.
         shared.counters.workers[self.worker].abandon_running();

@@ -182,7 +182,71 @@ impl<T> Queue<T> {
         Ok(evicted)
     }
 
-    /// Takes the oldest item without waiting.
+    /// Queues as many items from the front of `items` as there is room for, under one lock,
+    /// and wakes as many waiting receivers; the rest stay in `items`. Returns how many were
+    /// queued, or `Err(())` (nothing queued) when the queue is closed.
+    pub(crate) fn try_send_many(&self, items: &mut VecDeque<T>) -> Result<usize, ()> {
+        let mut state = self.lock();
+        if state.closed {
+            return Err(());
+        }
+        let room = self.capacity - state.items.len();
+        let sent = room.min(items.len());
+        state.items.extend(items.drain(..sent));
+        let receivers = state.receivers.pop_up_to(sent);
+        drop(state);
+        receivers.into_iter().for_each(Waker::wake);
+        Ok(sent)
+    }
+
+    /// Queues every item of `items`, taking the oldest items out to make room, in the same
+    /// step (of a batch larger than the capacity, its own first items are taken out).
+    /// Returns what was taken out, oldest first; `Err` hands `items` back when the queue is
+    /// closed.
+    pub(crate) fn try_send_many_evicting(&self, items: Vec<T>) -> Result<Vec<T>, Vec<T>> {
+        let mut state = self.lock();
+        if state.closed {
+            return Err(items);
+        }
+        let sent = items.len();
+        state.items.extend(items);
+        let over = state.items.len().saturating_sub(self.capacity);
+        let evicted: Vec<T> = state.items.drain(..over).collect();
+        let receivers = state.receivers.pop_up_to(sent);
+        drop(state);
+        receivers.into_iter().for_each(Waker::wake);
+        Ok(evicted)
+    }
+
+    /// Takes one receiver's share of the queued items without waiting: of `len` items, with
+    /// `others` other receivers, `len / (others + 1)`, at least one and at most `max`, moved
+    /// into `into` under one lock. As many waiting senders as items taken are woken.
+    pub(crate) fn try_recv_share(
+        &self,
+        others: usize,
+        max: usize,
+        into: &mut VecDeque<T>,
+    ) -> Result<usize, TryRecvError> {
+        let mut state = self.lock();
+        let len = state.items.len();
+        if len == 0 {
+            return Err(if state.closed {
+                TryRecvError::Closed
+            } else {
+                TryRecvError::Empty
+            });
+        }
+        let taken = (len / others.saturating_add(1)).clamp(1, max.max(1));
+        into.extend(state.items.drain(..taken));
+        let senders = state.senders.pop_up_to(taken);
+        drop(state);
+        senders.into_iter().for_each(Waker::wake);
+        Ok(taken)
+    }
+
+    /// Takes the oldest item without waiting. (The workers take a share instead:
+    /// [`try_recv_share`](Self::try_recv_share).)
+    #[cfg(test)]
     pub(crate) fn try_recv(&self) -> Result<T, TryRecvError> {
         let mut state = self.lock();
         let Some(item) = state.items.pop_front() else {

@@ -57,6 +57,11 @@ enum Submit {
     Try,
     /// `submit` given up (dropped) after this many milliseconds.
     Timeout(u64),
+    /// `submit_many` of this job and the next ones (this many in all), given up (dropped)
+    /// after the milliseconds if any.
+    Many(usize, Option<u64>),
+    /// `try_submit_many` of this job and the next ones (this many in all).
+    TryMany(usize),
 }
 
 fn submit_mode() -> impl Strategy<Value = Submit> {
@@ -64,6 +69,8 @@ fn submit_mode() -> impl Strategy<Value = Submit> {
         Just(Submit::Wait),
         Just(Submit::Try),
         (0_u64..20).prop_map(Submit::Timeout),
+        (1_usize..8, proptest::option::of(0_u64..20)).prop_map(|(n, ms)| Submit::Many(n, ms)),
+        (1_usize..8).prop_map(Submit::TryMany),
     ]
 }
 
@@ -72,14 +79,16 @@ fn simulate(
     overflow: Overflow,
     workers: usize,
     capacity: usize,
+    take: usize,
     stop: Stop,
-) -> (PoolMetrics, usize, u64) {
+) -> (PoolMetrics, usize, Option<u64>) {
     let runtime = taskweave_testkit::paused_runtime();
     runtime.block_on(async move {
         let baseline = alive_tasks();
         let parent = CancellationToken::new();
         let pool = WorkerPool::builder(workers, capacity)
             .overflow(overflow)
+            .take_per_worker(take)
             .spawn(
                 parent.clone(),
                 |context, (outcome, ms): (Outcome, u64)| async move {
@@ -100,25 +109,71 @@ fn simulate(
             tokio::spawn(async move {
                 let token = CancellationToken::new();
                 let mut refused = 0_u64;
-                for (job, mode) in jobs {
-                    let accepted = match mode {
-                        Submit::Wait => pool.submit(&token, job).await.is_ok(),
-                        Submit::Try => pool.try_submit(job).is_ok(),
-                        Submit::Timeout(ms) => matches!(
+                // Set when a batch was given up part-way: the count of refusals is then
+                // only known to the pool.
+                let mut unknown = false;
+                let mut jobs = jobs.into_iter();
+                while let Some((job, mode)) = jobs.next() {
+                    let mut batch = |n: usize| {
+                        std::iter::once(job)
+                            .chain(jobs.by_ref().take(n - 1).map(|(job, _)| job))
+                            .collect::<Vec<_>>()
+                    };
+                    let refused_here = match mode {
+                        Submit::Wait => u64::from(pool.submit(&token, job).await.is_err()),
+                        Submit::Try => u64::from(pool.try_submit(job).is_err()),
+                        Submit::Timeout(ms) => u64::from(!matches!(
                             tokio::time::timeout(
                                 Duration::from_millis(ms),
                                 pool.submit(&token, job)
                             )
                             .await,
                             Ok(Ok(_))
-                        ),
+                        )),
+                        Submit::Many(n, limit) => {
+                            let batch = batch(n);
+                            let given = batch.len() as u64;
+                            let submit = pool.submit_many(&token, batch);
+                            let outcome = match limit {
+                                None => Some(submit.await),
+                                Some(ms) => tokio::time::timeout(Duration::from_millis(ms), submit)
+                                    .await
+                                    .ok(),
+                            };
+                            match outcome {
+                                Some(Ok(indices)) => {
+                                    assert_eq!(indices.end - indices.start, given);
+                                    0
+                                }
+                                Some(Err(error)) => {
+                                    assert_eq!(
+                                        error.accepted.end - error.accepted.start
+                                            + error.refused.len() as u64,
+                                        given
+                                    );
+                                    error.refused.len() as u64
+                                }
+                                // Given up: how many it had queued is not known here; the
+                                // pool's books say (checked below through `submitted`).
+                                None => u64::MAX,
+                            }
+                        }
+                        Submit::TryMany(n) => {
+                            let batch = batch(n);
+                            match pool.try_submit_many(batch) {
+                                Ok(_) => 0,
+                                Err(error) => error.refused.len() as u64,
+                            }
+                        }
                     };
-                    if !accepted {
-                        refused += 1;
+                    if refused_here == u64::MAX {
+                        unknown = true;
+                    } else {
+                        refused += refused_here;
                     }
                     tokio::task::yield_now().await;
                 }
-                refused
+                (!unknown).then_some(refused)
             })
         };
         let report = match stop {
@@ -156,11 +211,16 @@ proptest! {
         overflow in policy(),
         workers in 1_usize..4,
         capacity in 1_usize..6,
+        take in 1_usize..5,
         stop in stop(),
     ) {
         let total = jobs.len() as u64;
-        let (m, handed_back, refused) = simulate(jobs, overflow, workers, capacity, stop);
-        prop_assert_eq!(m.submitted + refused, total);
+        let (m, handed_back, refused) = simulate(jobs, overflow, workers, capacity, take, stop);
+        if let Some(refused) = refused {
+            prop_assert_eq!(m.submitted + refused, total);
+        } else {
+            prop_assert!(m.submitted <= total);
+        }
         prop_assert_eq!(
             m.submitted,
             m.completed + m.failed + m.panicked + m.dropped + m.handed_back + m.abandoned

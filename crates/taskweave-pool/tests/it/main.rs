@@ -7,4 +7,5 @@ mod close;
 mod panics;
 mod results;
 mod submit;
+mod submit_many;
 mod support;
