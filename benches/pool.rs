@@ -25,6 +25,12 @@
 //! tokio's bounded mpsc raced against the token: the cost of taking every waiter off the
 //! queue's wait list.
 //!
+//! The `WorkerPool/submit_many`, `…/take_8` and `…/submit_many+take_8` rows feed the same pool
+//! with `submit_many` of 64 jobs at a time and/or let each worker take up to 8 queued jobs at
+//! once (`take_per_worker(8)`). The `pool_scaling_workers` and `pool_scaling_queue` groups
+//! run 100,000 trivial jobs through 1, 2, 8 and 64 workers and through queues of 1, 64 and
+//! 4,096, against the async-channel pool of the same shape.
+//!
 //! `cargo bench -p taskweave-benches --bench pool`; ratios in `docs/benchmarks.md`.
 
 #[path = "common.rs"]
@@ -95,11 +101,73 @@ async fn job(workload: Workload, input: u64) -> u64 {
     }
 }
 
+/// How the `WorkerPool` rows feed the pool: one `submit` per job, or `submit_many` of
+/// [`BATCH`] jobs at a time; and how many jobs a worker takes at once (`take_per_worker`).
+#[derive(Clone, Copy, Debug)]
+struct Feed {
+    batch: bool,
+    take: usize,
+}
+
+const ONE_BY_ONE: Feed = Feed {
+    batch: false,
+    take: 1,
+};
+
+/// The `submit_many` size of the batched rows, and their `take_per_worker`.
+const BATCH: u64 = 64;
+const TAKE: usize = 8;
+
+/// The batched variants, with their row names.
+const FEEDS: [(&str, Feed); 3] = [
+    (
+        "WorkerPool/submit_many",
+        Feed {
+            batch: true,
+            take: 1,
+        },
+    ),
+    (
+        "WorkerPool/take_8",
+        Feed {
+            batch: false,
+            take: TAKE,
+        },
+    ),
+    (
+        "WorkerPool/submit_many+take_8",
+        Feed {
+            batch: true,
+            take: TAKE,
+        },
+    ),
+];
+
 async fn worker_pool(workload: Workload, results: bool) -> u64 {
+    fed_worker_pool(workload, results, ONE_BY_ONE).await
+}
+
+/// A pool's size: its workers and its queue's capacity.
+#[derive(Clone, Copy, Debug)]
+struct Shape {
+    workers: usize,
+    capacity: usize,
+}
+
+const SHAPE: Shape = Shape {
+    workers: WORKERS,
+    capacity: CAPACITY,
+};
+
+async fn fed_worker_pool(workload: Workload, results: bool, feed: Feed) -> u64 {
+    shaped_worker_pool(workload, results, feed, SHAPE).await
+}
+
+async fn shaped_worker_pool(workload: Workload, results: bool, feed: Feed, shape: Shape) -> u64 {
     let token = CancellationToken::new();
-    let builder = WorkerPool::builder(WORKERS, CAPACITY);
+    let builder = WorkerPool::builder(shape.workers, shape.capacity).take_per_worker(feed.take);
     let builder = if results {
-        builder.results(CAPACITY)
+        builder.results(shape.capacity)
     } else {
         builder
     };
@@ -107,9 +175,20 @@ async fn worker_pool(workload: Workload, results: bool) -> u64 {
         Ok::<_, std::convert::Infallible>(job(workload, input).await)
     });
     let produce = async {
-        for input in 0..workload.jobs() {
-            if pool.submit(&token, input).await.is_err() {
-                unreachable!("the pool is open");
+        if feed.batch {
+            let mut start = 0;
+            while start < workload.jobs() {
+                let end = (start + BATCH).min(workload.jobs());
+                if pool.submit_many(&token, start..end).await.is_err() {
+                    unreachable!("the pool is open");
+                }
+                start = end;
+            }
+        } else {
+            for input in 0..workload.jobs() {
+                if pool.submit(&token, input).await.is_err() {
+                    unreachable!("the pool is open");
+                }
             }
         }
         pool.close().await;
@@ -176,10 +255,14 @@ impl Channel for Flume {
 /// The hand-written pool: one bounded job channel, `WORKERS` spawned workers, one bounded
 /// results channel; a channel closes when its last sender is dropped.
 async fn channel_pool<C: Channel>(workload: Workload, results: bool) -> u64 {
-    let (job_tx, job_rx) = C::bounded(CAPACITY);
-    let (result_tx, result_rx) = C::bounded(CAPACITY);
-    let mut workers = Vec::with_capacity(WORKERS);
-    for _ in 0..WORKERS {
+    shaped_channel_pool::<C>(workload, results, SHAPE).await
+}
+
+async fn shaped_channel_pool<C: Channel>(workload: Workload, results: bool, shape: Shape) -> u64 {
+    let (job_tx, job_rx) = C::bounded(shape.capacity);
+    let (result_tx, result_rx) = C::bounded(shape.capacity);
+    let mut workers = Vec::with_capacity(shape.workers);
+    for _ in 0..shape.workers {
         let job_rx = job_rx.clone();
         let result_tx = result_tx.clone();
         workers.push(tokio::spawn(async move {
@@ -306,6 +389,11 @@ fn pool(c: &mut Criterion) {
                 group.bench_function(BenchmarkId::new("WorkerPool", jobs), |b| {
                     b.iter(|| runtime.block_on(worker_pool(workload, results)));
                 });
+                for (name, feed) in FEEDS {
+                    group.bench_function(BenchmarkId::new(name, jobs), |b| {
+                        b.iter(|| runtime.block_on(fed_worker_pool(workload, results, feed)));
+                    });
+                }
                 group.bench_function(BenchmarkId::new("async-channel", jobs), |b| {
                     b.iter(|| runtime.block_on(channel_pool::<AsyncChannel>(workload, results)));
                 });
@@ -325,6 +413,14 @@ fn pool(c: &mut Criterion) {
                     group.bench_function(BenchmarkId::new("WorkerPool/in_task", jobs), |b| {
                         b.iter(|| runtime.block_on(in_task(worker_pool(workload, results))));
                     });
+                    for (name, feed) in FEEDS {
+                        let name = format!("{name}/in_task");
+                        group.bench_function(BenchmarkId::new(name, jobs), |b| {
+                            b.iter(|| {
+                                runtime.block_on(in_task(fed_worker_pool(workload, results, feed)))
+                            });
+                        });
+                    }
                     group.bench_function(BenchmarkId::new("async-channel/in_task", jobs), |b| {
                         b.iter(|| {
                             runtime
@@ -498,5 +594,58 @@ fn cancel_blocked(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, pool, cancel_blocked);
+/// How the cost per job grows with the pool's size: 100,000 trivial jobs through pools of
+/// 1, 2, 8 and 64 workers (queue 128), and through queues of 1, 64 and 4,096 (4 workers),
+/// against the hand-written async-channel pool of the same shape.
+fn scaling(c: &mut Criterion) {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let jobs = Workload::Trivial.jobs();
+    let workers = [1, 2, 8, 64].map(|workers| Shape {
+        workers,
+        capacity: CAPACITY,
+    });
+    let queues = [1, 64, 4096].map(|capacity| Shape {
+        workers: WORKERS,
+        capacity,
+    });
+    for (name, shapes) in [("workers", &workers[..]), ("queue", &queues[..])] {
+        let mut group = c.benchmark_group(format!("pool_scaling_{name}/current_thread"));
+        group.throughput(Throughput::Elements(jobs));
+        group.sample_size(10);
+        group.warm_up_time(Duration::from_millis(300));
+        group.measurement_time(Duration::from_secs(1));
+        for &shape in shapes {
+            let parameter = if name == "workers" {
+                shape.workers
+            } else {
+                shape.capacity
+            };
+            group.bench_function(BenchmarkId::new("WorkerPool", parameter), |b| {
+                b.iter(|| {
+                    runtime.block_on(shaped_worker_pool(
+                        Workload::Trivial,
+                        false,
+                        ONE_BY_ONE,
+                        shape,
+                    ))
+                });
+            });
+            group.bench_function(BenchmarkId::new("async-channel", parameter), |b| {
+                b.iter(|| {
+                    runtime.block_on(shaped_channel_pool::<AsyncChannel>(
+                        Workload::Trivial,
+                        false,
+                        shape,
+                    ))
+                });
+            });
+        }
+        group.finish();
+    }
+}
+
+criterion_group!(benches, pool, cancel_blocked, scaling);
 criterion_main!(benches);

@@ -1,8 +1,10 @@
 //! Cost per task of a panic-capturing spawn, against `tokio::spawn` and `TaskTracker::spawn`.
 //!
 //! Each iteration spawns `TASKS` trivial tasks and awaits them all, so the figure covers
-//! spawn, one poll, completion and join. Run with `cargo bench -p taskweave-benches --bench
-//! supervise`; the ratios go in `docs/benchmarks.md`.
+//! spawn, one poll, completion and join. A second group, `supervisor_scaling`, has 1, 1,000
+//! and 100,000 live tasks waiting on the token, stopped together, against a `TaskTracker`:
+//! how spawn and drain cost grow with the number of live tasks. Run with `cargo bench -p
+//! taskweave-benches --bench supervise`; the ratios go in `docs/benchmarks.md`.
 
 #[path = "common.rs"]
 mod common;
@@ -78,5 +80,54 @@ fn spawn_and_join(c: &mut Criterion) {
     }
 }
 
-criterion_group!(benches, spawn_and_join);
+/// How spawn and drain cost grow with the number of live tasks: `LIVE` tasks that wait for
+/// the token, spawned, then stopped together (a supervisor's `shutdown`; the peer a
+/// `TaskTracker` whose token is cancelled, then closed and waited for).
+fn live_tasks(c: &mut Criterion) {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let mut group = c.benchmark_group("supervisor_scaling/current_thread");
+    group.sample_size(10);
+    group.warm_up_time(std::time::Duration::from_millis(300));
+    group.measurement_time(std::time::Duration::from_secs(2));
+    for live in [1_u64, 1_000, 100_000] {
+        group.throughput(Throughput::Elements(live));
+        group.bench_function(BenchmarkId::new("Supervisor", live), |b| {
+            b.iter(|| {
+                runtime.block_on(async {
+                    let supervisor = Supervisor::new(CancellationToken::new());
+                    for _ in 0..live {
+                        let token = supervisor.token();
+                        drop(supervisor.spawn("live", async move { token.cancelled().await }));
+                    }
+                    let report = supervisor
+                        .shutdown(std::time::Duration::from_secs(60))
+                        .await;
+                    black_box(report.finished.len())
+                })
+            });
+        });
+        group.bench_function(BenchmarkId::new("TaskTracker", live), |b| {
+            b.iter(|| {
+                runtime.block_on(async {
+                    let tracker = TaskTracker::new();
+                    let token = CancellationToken::new();
+                    for _ in 0..live {
+                        let token = token.clone();
+                        tracker.spawn(async move { token.cancelled().await });
+                    }
+                    token.cancel();
+                    tracker.close();
+                    tracker.wait().await;
+                    black_box(tracker.len())
+                })
+            });
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, spawn_and_join, live_tasks);
 criterion_main!(benches);

@@ -2,6 +2,11 @@
 //! (lockstep, 32 items per output) against tokio's broadcast channel and a hand-written loop
 //! sending every item to n async-channels of 32 (the lower bound).
 //!
+//! Tee scaling (`tee_scaling/current_thread`): 20,000 items to 2, 8 and 64 outputs, taskweave's
+//! tee against the hand-written loop, on the current-thread runtime only (to keep the run
+//! short). The items are fixed, so the time per item shows how the cost of handing each item
+//! over grows with the number of outputs.
+//!
 //! `cargo bench -p taskweave-benches --bench tee`; ratios in `docs/benchmarks.md`.
 
 #[path = "common.rs"]
@@ -18,6 +23,8 @@ use tokio_util::sync::CancellationToken;
 
 const ITEMS: u64 = 100_000;
 const CAPACITY: usize = 32;
+const SCALING_ITEMS: u64 = 20_000;
+const SCALING_OUTPUTS: [usize; 3] = [2, 8, 64];
 
 /// Sums what each reader received, so that every implementation does the same work.
 async fn join_readers(readers: Vec<tokio::task::JoinHandle<u64>>) -> u64 {
@@ -28,10 +35,10 @@ async fn join_readers(readers: Vec<tokio::task::JoinHandle<u64>>) -> u64 {
     total
 }
 
-async fn taskweave_tee(n: usize) -> u64 {
+async fn taskweave_tee(items: u64, n: usize) -> u64 {
     let outputs = tee_with(
         CancellationToken::new(),
-        futures::stream::iter(0..ITEMS),
+        futures::stream::iter(0..items),
         vec![Policy::lockstep(CAPACITY); n],
     );
     let readers = outputs
@@ -65,7 +72,7 @@ async fn tokio_broadcast(n: usize) -> u64 {
     join_readers(readers).await
 }
 
-async fn hand_written_loop(n: usize) -> u64 {
+async fn hand_written_loop(items: u64, n: usize) -> u64 {
     let (senders, readers): (Vec<_>, Vec<_>) = (0..n)
         .map(|_| {
             let (tx, rx) = async_channel::bounded::<u64>(CAPACITY);
@@ -80,7 +87,7 @@ async fn hand_written_loop(n: usize) -> u64 {
         })
         .unzip();
     tokio::spawn(async move {
-        for v in 0..ITEMS {
+        for v in 0..items {
             for tx in &senders {
                 if tx.send(v).await.is_err() {
                     return;
@@ -106,9 +113,9 @@ fn tee_bench(c: &mut Criterion) {
             ] {
                 let run = move || async move {
                     match which {
-                        0 => taskweave_tee(n).await,
+                        0 => taskweave_tee(ITEMS, n).await,
                         1 => tokio_broadcast(n).await,
-                        _ => hand_written_loop(n).await,
+                        _ => hand_written_loop(ITEMS, n).await,
                     }
                 };
                 assert_eq!(runtime.block_on(run()), expected, "{name}");
@@ -121,5 +128,31 @@ fn tee_bench(c: &mut Criterion) {
     }
 }
 
-criterion_group!(benches, tee_bench);
+fn tee_scaling(c: &mut Criterion) {
+    // The current-thread runtime only, to keep the run short.
+    let [(flavor, runtime), _] = common::runtimes();
+    let mut group = c.benchmark_group(format!("tee_scaling/{flavor}"));
+    group.throughput(Throughput::Elements(SCALING_ITEMS));
+    group.sample_size(10);
+    group.measurement_time(Duration::from_secs(2));
+    group.warm_up_time(Duration::from_millis(500));
+    for n in SCALING_OUTPUTS {
+        let expected = n as u64 * (SCALING_ITEMS * (SCALING_ITEMS - 1) / 2);
+        for (name, which) in [("taskweave_tee", 0), ("hand_written_loop", 1)] {
+            let run = move || async move {
+                match which {
+                    0 => taskweave_tee(SCALING_ITEMS, n).await,
+                    _ => hand_written_loop(SCALING_ITEMS, n).await,
+                }
+            };
+            assert_eq!(runtime.block_on(run()), expected, "{name} to {n}");
+            group.bench_function(BenchmarkId::new(name, n), |b| {
+                b.iter(|| black_box(runtime.block_on(run())));
+            });
+        }
+    }
+    group.finish();
+}
+
+criterion_group!(benches, tee_bench, tee_scaling);
 criterion_main!(benches);
