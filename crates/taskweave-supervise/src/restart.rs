@@ -265,16 +265,11 @@ impl Supervisor {
     {
         let name = name.into();
         let runtime = current_runtime();
-        let supervisor = self.clone();
-        let loop_name = name.clone();
-        self.launch(
-            &runtime,
-            name,
-            make,
-            move |make| restart_loop(supervisor, loop_name, policy, make),
-            Result::is_err,
-        )
-        .map_err(SpawnError::Closed)
+        let Some(registration) = self.register(&name) else {
+            return Err(SpawnError::Closed(make));
+        };
+        let restart_loop = restart_loop(self.clone(), name.clone(), policy, make);
+        Ok(self.launch(&runtime, name, registration, restart_loop, Result::is_err))
     }
 }
 

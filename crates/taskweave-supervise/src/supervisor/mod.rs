@@ -114,7 +114,7 @@ impl State {
         self.closed
             && match self.tasks.len() {
                 0 => true,
-                1 => except.is_some() && self.tasks.iter().all(|(_, entry)| entry.task() == except),
+                1 => except.is_some() && self.tasks.iter().all(|(_, entry)| entry.task == except),
                 _ => false,
             }
     }
@@ -123,14 +123,9 @@ impl State {
 struct Entry {
     id: u64,
     name: TaskName,
-    /// Set by `launch` before it releases the lock: `None` only while it spawns.
+    /// Set once the task is spawned (see `launch`).
     abort: Option<AbortHandle>,
-}
-
-impl Entry {
-    fn task(&self) -> Option<Id> {
-        self.abort.as_ref().map(AbortHandle::id)
-    }
+    task: Option<Id>,
 }
 
 #[derive(Default)]

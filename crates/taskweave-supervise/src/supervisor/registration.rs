@@ -1,6 +1,5 @@
 //! Registration: `Supervisor::spawn`, the slot each task holds, and the future it runs.
 
-use std::cell::{Cell, RefCell};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -56,40 +55,20 @@ impl Supervisor {
     {
         let name = name.into();
         let runtime = current_runtime();
-        self.launch(&runtime, name, future, |future| future, |_| false)
-            .map_err(SpawnError::Closed)
+        match self.register(&name) {
+            Some(registration) => Ok(self.launch(&runtime, name, registration, future, |_| false)),
+            None => Err(SpawnError::Closed(future)),
+        }
     }
 
-    /// Claims a slot for a task named `name` and spawns the future `build` makes of `input`,
-    /// under one lock; or hands `input` back (and counts a refusal) when closed. `failed`
-    /// tells whether an output counts as a failure.
-    ///
-    /// One lock round trip per spawn, not two: the slot is claimed, the task spawned and its
-    /// abort handle stored while the lock is held, so a task that ends at once (on another
-    /// worker) finds its slot complete. `build` only moves values (no user code runs under the
-    /// lock). What could run user code there is tokio dropping the task inside `spawn` (a
-    /// runtime shutting down): the task's future is then dropped after the lock is released
-    /// (see `Deferred`).
-    pub(crate) fn launch<G, F>(
-        &self,
-        runtime: &Handle,
-        name: TaskName,
-        input: G,
-        build: impl FnOnce(G) -> F,
-        failed: fn(&F::Output) -> bool,
-    ) -> Result<TaskHandle<F::Output>, G>
-    where
-        F: Future + Send + 'static,
-        F::Output: Send + 'static,
-    {
-        // Declared first, so dropped last: after the lock, on every path.
-        let deferred = Deferred;
+    /// Claims a slot for a task named `name`, or counts a refusal when closed.
+    pub(crate) fn register(&self, name: &TaskName) -> Option<Registration> {
         let mut state = self.state();
         if state.closed {
             state.refused += 1;
             drop(state);
             tracing::debug!(task = %name, "spawn refused: supervisor closed");
-            return Err(input);
+            return None;
         }
         let id = state.next_id;
         state.next_id += 1;
@@ -97,87 +76,58 @@ impl Supervisor {
             id,
             name: name.clone(),
             abort: None,
+            task: None,
         });
         state.spawned += 1;
+        Some(Registration {
+            shared: Arc::clone(&self.shared),
+            key,
+            id,
+            outcome: Outcome::Aborted,
+        })
+    }
+
+    /// Spawns `future` for a slot claimed by [`register`](Self::register); `failed` tells
+    /// whether an output counts as a failure.
+    pub(crate) fn launch<F>(
+        &self,
+        runtime: &Handle,
+        name: TaskName,
+        registration: Registration,
+        future: F,
+        failed: fn(&F::Output) -> bool,
+    ) -> TaskHandle<F::Output>
+    where
+        F: Future + Send + 'static,
+        F::Output: Send + 'static,
+    {
+        let (key, id) = (registration.key, registration.id);
         let supervised = Supervised {
-            stage: Stage::Unstarted {
-                future: Unstarted(Some(build(input))),
-                name: name.clone(),
-            },
+            future: catch_panic(name.clone(), future),
             failed,
-            registration: Registration {
-                shared: Arc::clone(&self.shared),
-                key,
-                id,
-                outcome: Outcome::Aborted,
-            },
+            registration,
         };
-        LAUNCHING.with(|flag| flag.set(true));
-        let launching = Launching;
+        // The lock is not held while spawning: a runtime that is shutting down drops the
+        // future inline, and the registration's `Drop` takes the lock.
         let join = runtime.spawn(supervised);
-        drop(launching);
         let abort = join.abort_handle();
-        // Still this task's: its end (on any thread) takes this lock to remove the slot, and
-        // an end inside `spawn` was deferred.
-        if let Some(entry) = state.tasks.get_mut(key) {
-            entry.abort = Some(abort.clone());
-        }
+        let mut state = self.state();
         let aborting = state.aborting;
+        let registered = match state.tasks.get_mut(key) {
+            Some(entry) if entry.id == id => {
+                entry.abort = Some(abort.clone());
+                entry.task = Some(join.id());
+                true
+            }
+            // Already finished and removed (the slot may even hold a newer task).
+            _ => false,
+        };
         drop(state);
-        drop(deferred);
-        // A drain deadline has passed: the sweep is over, this task is aborted at once.
-        if aborting {
+        // A drain deadline passed between `register` and here: the sweep missed this task.
+        if registered && aborting {
             abort.abort();
         }
-        Ok(TaskHandle::new(name, join))
-    }
-}
-
-thread_local! {
-    /// `true` on this thread while `launch` holds the supervisor's lock around `spawn`.
-    static LAUNCHING: Cell<bool> = const { Cell::new(false) };
-    /// What tokio dropped inside that `spawn` (a task's future and its registration): dropped
-    /// by `launch` once the lock is released, in that order. Almost always empty.
-    static DEFERRED: RefCell<Vec<Box<dyn Send>>> = const { RefCell::new(Vec::new()) };
-}
-
-/// Clears `LAUNCHING` however `spawn` returns.
-struct Launching;
-
-impl Drop for Launching {
-    fn drop(&mut self) {
-        LAUNCHING.with(|flag| flag.set(false));
-    }
-}
-
-/// Drops what `DEFERRED` holds, once `launch` has released the lock.
-struct Deferred;
-
-impl Drop for Deferred {
-    fn drop(&mut self) {
-        let deferred = DEFERRED.with(|deferred| std::mem::take(&mut *deferred.borrow_mut()));
-        // A user future's `Drop` may panic; the registrations after it are dropped on the
-        // way out all the same (a `Vec` drops its remaining items while unwinding).
-        drop(deferred);
-    }
-}
-
-fn launching() -> bool {
-    LAUNCHING.with(Cell::get)
-}
-
-/// Holds a task's future until its first poll, so that a task tokio drops inside `spawn`
-/// leaves its future to be dropped after the supervisor's lock (the future was never polled,
-/// so it may move).
-struct Unstarted<F: Send + 'static>(Option<F>);
-
-impl<F: Send + 'static> Drop for Unstarted<F> {
-    fn drop(&mut self) {
-        if let Some(future) = self.0.take()
-            && launching()
-        {
-            DEFERRED.with(|deferred| deferred.borrow_mut().push(Box::new(future)));
-        }
+        TaskHandle::new(name, join)
     }
 }
 
@@ -210,17 +160,6 @@ pub(crate) struct Registration {
 
 impl Drop for Registration {
     fn drop(&mut self) {
-        if launching() {
-            // Dropped by tokio inside `launch`'s `spawn`, under the lock: done after it.
-            let later = Registration {
-                shared: Arc::clone(&self.shared),
-                key: self.key,
-                id: self.id,
-                outcome: self.outcome,
-            };
-            DEFERRED.with(|deferred| deferred.borrow_mut().push(Box::new(later)));
-            return;
-        }
         let mut guard = self.shared.lock();
         let state = &mut *guard;
         *match self.outcome {
@@ -260,36 +199,20 @@ pin_project! {
     /// Fields drop in declaration order: the user's future is dropped before the registration
     /// reports the task gone, so a drain never returns while an aborted task's destructors
     /// have yet to run.
-    struct Supervised<F, T> where F: Send, F: 'static {
+    struct Supervised<F, T> {
         #[pin]
-        stage: Stage<F>,
+        future: CatchPanic<F>,
         failed: fn(&T) -> bool,
         registration: Registration,
     }
 }
 
-pin_project! {
-    #[project = StageProj]
-    enum Stage<F> where F: Send, F: 'static {
-        Unstarted { future: Unstarted<F>, name: TaskName },
-        Running { #[pin] future: CatchPanic<F> },
-    }
-}
-
-impl<F: Future<Output = T> + Send + 'static, T> Future for Supervised<F, T> {
+impl<F: Future<Output = T>, T> Future for Supervised<F, T> {
     type Output = Result<T, PanicError>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let mut this = self.project();
-        if let StageProj::Unstarted { future, name } = this.stage.as_mut().project() {
-            let future = future.0.take().expect("an unstarted task holds its future");
-            let caught = catch_panic(std::mem::replace(name, TaskName::from("")), future);
-            this.stage.set(Stage::Running { future: caught });
-        }
-        let StageProj::Running { future } = this.stage.project() else {
-            unreachable!("started above");
-        };
-        let output = ready!(future.poll(cx));
+        let this = self.project();
+        let output = ready!(this.future.poll(cx));
         this.registration.outcome = match &output {
             Ok(value) if (this.failed)(value) => Outcome::Failed,
             Ok(_) => Outcome::Finished,
