@@ -14,10 +14,8 @@ use crate::TaskFailure;
 /// Applies `f` to every item with at most `limit` calls in flight, each on its own task, and
 /// returns the results **in input order**; the first failure cancels the rest.
 ///
-/// Each call gets a token, cancelled by the first failure (by time, as the results
-/// come in) or when `token` is cancelled (the calls share a few tokens, one per
-/// call in flight: a call that has finished may see its token cancelled later, when the map
-/// stops). After that no new call starts; the calls in flight
+/// Each call gets a token of its own, cancelled by the first failure (by time, as the results
+/// come in) or when `token` is cancelled. After that no new call starts; the calls in flight
 /// see their token cancelled and are awaited, and their outcomes are discarded. A panicking
 /// call is caught and becomes [`TaskFailure::Panicked`]. The input is read lazily, one item
 /// per started call, and not read any further once the map stops.
@@ -183,17 +181,19 @@ where
     assert!(limit > 0, "map_parallel: limit must be greater than zero");
     let f = Arc::new(f);
     let mut items = items.into_iter().enumerate();
-    // Sized from the input's lower bound (capped: a size hint is not trusted with memory), so
-    // that the slots are not copied over and over as they grow.
-    let mut slots: Slots<R, E> = Vec::with_capacity(items.size_hint().0.min(1 << 16));
+    // Sized from the input's lower bound (capped: a size hint is not trusted with memory, and
+    // a map that stops early needs few), so that the slots are not copied over and over as
+    // they grow.
+    let mut slots: Slots<R, E> = Vec::with_capacity(items.size_hint().0.min(1 << 12));
     let mut calls: JoinSet<(usize, Result<R, TaskFailure<E>>)> = JoinSet::new();
-    // The calls run in lanes, at most `limit` of them, each with a token of its own that its
-    // calls get clones of; the guard cancels the busy lanes if this future is dropped (the
-    // `JoinSet` aborts the calls too). Not one token for the whole map: every clone and drop
-    // of a token takes that token's one lock, and with one token shared by every worker
-    // thread the map was more than twice as slow as JoinSet + Semaphore on a multi-thread
-    // runtime. Not a fresh token per call either: that is an allocation and two more locks
-    // per call (measured: map_parallel 1.27 → see docs/benchmarks.md).
+    // The calls run in lanes, at most `limit` of them; each call gets a token of its own,
+    // kept in its lane, and the guard cancels the busy lanes' tokens if this future is
+    // dropped (the `JoinSet` aborts the calls too). Not one token for the whole map: every
+    // clone and drop of a token takes that token's one lock, and with one token shared by
+    // every worker thread the map was more than twice as slow as JoinSet + Semaphore on a
+    // multi-thread runtime. (A lane's token reused by its next call would save an
+    // allocation, but a call that cancels its own token, or keeps it, would then cancel
+    // later calls.) A call's task returns its lane, so its item is found without a lookup.
     let mut lanes = Lanes::default();
     // The caller's token, read with one atomic load per round instead of its lock.
     let parent = TokenWatch::new(&token);
@@ -202,6 +202,11 @@ where
     let mut stopped = parent.is_cancelled();
     let mut exhausted = false;
     loop {
+        // A cancellation seen before a call starts wins: it starts nothing more.
+        if !stopped && parent.is_cancelled() {
+            stopped = true;
+            lanes.cancel_busy();
+        }
         while !stopped && calls.len() < limit {
             let Some((index, item)) = items.next() else {
                 exhausted = true;
@@ -296,8 +301,8 @@ fn reserve<R, E>(slots: &mut Slots<R, E>, index: usize) {
     }
 }
 
-/// The lanes calls run in: a token each, and the call a busy lane runs (its task id and item
-/// index). A call's task returns its lane, so finding it costs nothing; only a call that
+/// The lanes calls run in: the token of the call a busy lane runs, with its task id and item
+/// index. A call's task returns its lane, so finding it costs nothing; only a call that
 /// ended without returning (a panic in its future's destructor) is looked up by task id.
 #[derive(Default)]
 struct Lanes {
@@ -311,16 +316,22 @@ struct Lane {
 }
 
 impl Lanes {
-    /// An idle lane (a new one if none is idle) and a clone of its token for the call.
+    /// An idle lane (a new one if none is idle) with a new token, and a clone of that token
+    /// for the call.
     fn take(&mut self) -> (usize, CancellationToken) {
-        let lane = self.idle.pop().unwrap_or_else(|| {
-            self.lanes.push(Lane {
-                token: CancellationToken::new(),
-                busy: None,
-            });
-            self.lanes.len() - 1
-        });
-        (lane, self.lanes[lane].token.clone())
+        let token = CancellationToken::new();
+        let call_token = token.clone();
+        let lane = match self.idle.pop() {
+            Some(lane) => {
+                self.lanes[lane].token = token;
+                lane
+            }
+            None => {
+                self.lanes.push(Lane { token, busy: None });
+                self.lanes.len() - 1
+            }
+        };
+        (lane, call_token)
     }
 
     fn start(&mut self, lane: usize, id: Id, index: usize) {

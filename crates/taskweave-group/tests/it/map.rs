@@ -274,25 +274,39 @@ async fn a_huge_limit_means_no_limit() {
     assert_eq!(results, (0..50).collect::<Vec<_>>());
 }
 
-// The calls share one token per call in flight (a lane's): a map that ends normally cancels
-// none of them, and one that stops at a failure cancels the ones in flight.
+// Each call's token is its own: a map that ends normally cancels none of them, a call that
+// cancels its own token (a drop guard) cancels no later call, and a map that stops at a
+// failure cancels the ones in flight.
 #[tokio::test(start_paused = true)]
-async fn the_calls_tokens_are_left_alone_by_a_map_that_succeeds() {
+async fn each_calls_token_is_its_own_and_left_alone_by_a_map_that_succeeds() {
     let tokens = Arc::new(std::sync::Mutex::new(Vec::new()));
     let seen = Arc::clone(&tokens);
     let results = map_parallel(CancellationToken::new(), 0..20_u64, 3, move |token, n| {
-        seen.lock().unwrap().push(token);
+        seen.lock().unwrap().push(token.clone());
         async move {
+            let started_cancelled = token.is_cancelled();
             tokio::time::sleep(Duration::from_millis(n % 4)).await;
-            Ok::<_, String>(n)
+            if n % 2 == 0 {
+                // Stops its helpers on the way out, as a drop guard would.
+                token.cancel();
+            }
+            Ok::<_, String>((n, started_cancelled))
         }
     })
     .await
     .unwrap();
-    assert_eq!(results, (0..20).collect::<Vec<_>>());
-    let tokens = tokens.lock().unwrap();
-    assert_eq!(tokens.len(), 20);
-    assert!(tokens.iter().all(|token| !token.is_cancelled()));
+    assert_eq!(
+        results,
+        (0..20).map(|n| (n, false)).collect::<Vec<_>>(),
+        "no call started with a cancelled token"
+    );
+    {
+        let tokens = tokens.lock().unwrap();
+        assert_eq!(tokens.len(), 20);
+        for (n, token) in tokens.iter().enumerate() {
+            assert_eq!(token.is_cancelled(), n % 2 == 0, "call {n}");
+        }
+    }
 
     let slow = Arc::new(std::sync::Mutex::new(Vec::new()));
     let seen = Arc::clone(&slow);
