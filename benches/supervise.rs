@@ -10,6 +10,8 @@
 mod common;
 
 use std::hint::black_box;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use taskweave::supervise::{Supervisor, spawn};
@@ -80,8 +82,15 @@ fn spawn_and_join(c: &mut Criterion) {
     }
 }
 
-/// How spawn and drain cost grow with the number of live tasks: `LIVE` tasks that wait for
-/// the token, spawned, then stopped together (a supervisor's `shutdown`; the peer a
+/// Yields until `live` tasks have started (and are waiting on their token).
+async fn until_all_wait(waiting: &AtomicU64, live: u64) {
+    while waiting.load(Ordering::Relaxed) < live {
+        tokio::task::yield_now().await;
+    }
+}
+
+/// How spawn and drain cost grow with the number of live tasks: tasks that wait for the
+/// token, spawned, all polled once (so each waits on the token), then stopped together (a supervisor's `shutdown`; the peer a
 /// `TaskTracker` whose token is cancelled, then closed and waited for).
 fn live_tasks(c: &mut Criterion) {
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -98,10 +107,16 @@ fn live_tasks(c: &mut Criterion) {
             b.iter(|| {
                 runtime.block_on(async {
                     let supervisor = Supervisor::new(CancellationToken::new());
+                    let waiting = Arc::new(AtomicU64::new(0));
                     for _ in 0..live {
                         let token = supervisor.token();
-                        drop(supervisor.spawn("live", async move { token.cancelled().await }));
+                        let waiting = Arc::clone(&waiting);
+                        drop(supervisor.spawn("live", async move {
+                            waiting.fetch_add(1, Ordering::Relaxed);
+                            token.cancelled().await;
+                        }));
                     }
+                    until_all_wait(&waiting, live).await;
                     let report = supervisor
                         .shutdown(std::time::Duration::from_secs(60))
                         .await;
@@ -114,10 +129,16 @@ fn live_tasks(c: &mut Criterion) {
                 runtime.block_on(async {
                     let tracker = TaskTracker::new();
                     let token = CancellationToken::new();
+                    let waiting = Arc::new(AtomicU64::new(0));
                     for _ in 0..live {
                         let token = token.clone();
-                        tracker.spawn(async move { token.cancelled().await });
+                        let waiting = Arc::clone(&waiting);
+                        tracker.spawn(async move {
+                            waiting.fetch_add(1, Ordering::Relaxed);
+                            token.cancelled().await;
+                        });
                     }
+                    until_all_wait(&waiting, live).await;
                     token.cancel();
                     tracker.close();
                     tracker.wait().await;

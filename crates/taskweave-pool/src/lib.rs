@@ -6,7 +6,10 @@
 //! - [`WorkerPool`]: a long-lived pool with a bounded queue and an [`Overflow`] policy (block,
 //!   reject, drop-oldest), panic isolation, an idempotent draining [`close`](WorkerPool::close),
 //!   a [`close_within`](WorkerPool::close_within) deadline that hands back unstarted jobs, an
-//!   optional [`Results`] stream, and [`PoolMetrics`].
+//!   optional [`Results`] stream, and [`PoolMetrics`]. Batches go in under one lock with
+//!   [`submit_many`](WorkerPool::submit_many) / [`try_submit_many`](WorkerPool::try_submit_many),
+//!   and [`take_per_worker`](WorkerPoolBuilder::take_per_worker) lets workers take several
+//!   queued jobs at once.
 //!
 //! Two things to know first:
 //!

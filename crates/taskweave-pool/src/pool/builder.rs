@@ -148,8 +148,11 @@ impl<J> WorkerPoolBuilder<J> {
     ///
     /// The price is start order and latency: a job a worker holds waits for the jobs before
     /// it on that worker, even when another worker becomes free (with jobs of uneven
-    /// length, a later job can start before an earlier one). Held jobs still count as
-    /// queued in [`PoolMetrics`](crate::PoolMetrics), a deadline close hands them back like
+    /// length, a later job can start before an earlier one). And the queue's capacity no
+    /// longer bounds every job accepted and not started: held jobs have left the queue, so
+    /// up to `workers × (max − 1)` more may be accepted (`capacity + workers × (max − 1)` in
+    /// all). Held jobs still count as queued in [`PoolMetrics`](crate::PoolMetrics) (not in
+    /// [`WorkerPool::len`](crate::WorkerPool::len)), a deadline close hands them back like
     /// queued ones, and the drop-oldest policy drops only what is still in the queue. Worth
     /// it for many tiny jobs on a busy queue, where the lock round trip per job is a large
     /// part of the cost (see `docs/benchmarks.md`).

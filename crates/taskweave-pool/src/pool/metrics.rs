@@ -42,8 +42,10 @@ pub struct PoolMetrics {
     /// worker keeps serving.
     pub cleanup_panicked: u64,
     /// Jobs accepted and not started: waiting in the queue, taken out of it by a worker that
-    /// runs them next (a worker takes up to eight at a time from a long queue), or taken by
-    /// a worker after the token was cancelled and waiting to be handed back by `close`.
+    /// runs them next (see
+    /// [`take_per_worker`](crate::WorkerPoolBuilder::take_per_worker); none with the
+    /// default), or taken by a worker after the token was cancelled and waiting to be handed
+    /// back by `close`.
     pub queued: u64,
     /// Handlers running now.
     pub in_flight: u64,

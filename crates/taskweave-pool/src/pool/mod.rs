@@ -67,7 +67,8 @@ pub(super) use taskweave_supervise::internal::lock;
 /// # Choosing the sizes
 ///
 /// `workers` bounds the concurrency the downstream sees (database connections, CPU cores).
-/// `capacity` bounds the jobs accepted but not started: the latency a new job may wait is
+/// `capacity` bounds the jobs accepted but not started (plus those workers hold, with
+/// [`take_per_worker`](WorkerPoolBuilder::take_per_worker) above 1): the latency a new job may wait is
 /// about `capacity / throughput`; past that, backpressure (or a 429) is the honest answer.
 ///
 /// # Examples
@@ -344,7 +345,8 @@ impl<J, R, E> WorkerPool<J, R, E> {
             .snapshot(shared.queue.len() + lock(&shared.returned).len())
     }
 
-    /// Jobs waiting in the queue.
+    /// Jobs waiting in the queue (not those a worker has taken out of it to run next: see
+    /// [`WorkerPoolBuilder::take_per_worker`]; [`PoolMetrics::queued`] counts both).
     #[must_use]
     pub fn len(&self) -> usize {
         self.handle.shared.queue.len()

@@ -103,9 +103,11 @@ where
             };
             let mut send = shared.queue.send(next);
             let (cancelled, unsent) = if own {
+                // As in `submit`: the pool's own token closes the queue when cancelled; the
+                // caller's cancellation is what it was.
                 match (&mut send).await {
                     Ok(()) => (false, None),
-                    Err(unsent) => (false, Some(unsent)),
+                    Err(unsent) => (token.is_cancelled(), Some(unsent)),
                 }
             } else {
                 let sent = tokio::select! {

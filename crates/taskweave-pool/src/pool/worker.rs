@@ -131,11 +131,13 @@ async fn run_jobs<J, R, E, H, Fut>(
         mine.hold(held.len());
         if shared.cancel.is_cancelled() {
             // Taken after the cancellation: they never start, they go back to the caller.
+            // The gauge first: a snapshot may miss these jobs for an instant, never count
+            // them twice.
+            mine.hold(0);
             let mut returned = lock(&shared.returned);
             returned.push((index, job));
             returned.extend(held.drain(..));
             drop(returned);
-            mine.hold(0);
             return;
         }
         counts.started(mine);
@@ -233,11 +235,11 @@ impl<J, R, E> WorkerExit<J, R, E> {
 impl<J, R, E> Drop for WorkerExit<J, R, E> {
     fn drop(&mut self) {
         let shared = &*self.shared;
+        shared.counters.workers[self.worker].hold(0);
         if !self.held.is_empty() {
             // Never started: handed back by `close` (or dropped, counted, below).
             lock(&shared.returned).extend(self.held.drain(..));
         }
-        shared.counters.workers[self.worker].hold(0);
         // A handler still running here never returns: its task was dropped (its runtime shut
         // down). The job is counted as abandoned, so the books still balance.
         shared.counters.workers[self.worker].abandon_running();

@@ -195,7 +195,7 @@ impl<T> Queue<T> {
         state.items.extend(items.drain(..sent));
         let receivers = state.receivers.pop_up_to(sent);
         drop(state);
-        receivers.into_iter().for_each(Waker::wake);
+        receivers.wake();
         Ok(sent)
     }
 
@@ -214,7 +214,7 @@ impl<T> Queue<T> {
         let evicted: Vec<T> = state.items.drain(..over).collect();
         let receivers = state.receivers.pop_up_to(sent);
         drop(state);
-        receivers.into_iter().for_each(Waker::wake);
+        receivers.wake();
         Ok(evicted)
     }
 
@@ -240,7 +240,7 @@ impl<T> Queue<T> {
         into.extend(state.items.drain(..taken));
         let senders = state.senders.pop_up_to(taken);
         drop(state);
-        senders.into_iter().for_each(Waker::wake);
+        senders.wake();
         Ok(taken)
     }
 
@@ -268,7 +268,7 @@ impl<T> Queue<T> {
         let items: Vec<T> = state.items.drain(..).collect();
         let senders = state.senders.pop_up_to(items.len());
         drop(state);
-        senders.into_iter().for_each(Waker::wake);
+        senders.wake();
         items
     }
 }

@@ -3,7 +3,7 @@
 use std::collections::VecDeque;
 use std::future::Future;
 use std::pin::Pin;
-use std::task::{Context, Poll, Waker};
+use std::task::{Context, Poll};
 
 use super::waiters::Left;
 use super::{Queue, RecvFuture, WaiterId, wake};
@@ -67,7 +67,7 @@ impl<T> Queue<T> {
             let senders = state.senders.pop_up_to(taken);
             drop(guard);
             drop(left);
-            senders.into_iter().for_each(Waker::wake);
+            senders.wake();
             return Poll::Ready(());
         }
         if state.closed {

@@ -420,3 +420,81 @@ fn ten_thousand_waiters_cancelled_at_once_leave_an_empty_list() {
     assert!(assert_ready!(late.poll()).is_ok());
     assert_no_waiters(&queue);
 }
+
+#[test]
+fn a_batch_send_queues_what_fits_and_wakes_one_receiver_per_item() {
+    let queue = Queue::new(3);
+    let (mut first, mut second) = two_waiting_receivers(&queue);
+    let mut third = spawn(queue.recv());
+    assert_pending!(third.poll());
+    let mut items: VecDeque<u32> = (0..5).collect();
+    assert_eq!(queue.try_send_many(&mut items), Ok(3));
+    assert_eq!(items, [3, 4], "the rest stays with the caller, in order");
+    // Three items, three receivers woken; a batch of one wakes one.
+    assert!(first.is_woken() && second.is_woken() && third.is_woken());
+    assert_ready_eq!(first.poll(), Some(0));
+    assert_ready_eq!(second.poll(), Some(1));
+    assert_ready_eq!(third.poll(), Some(2));
+    assert_eq!(queue.try_send_many(&mut items), Ok(2));
+    assert!(items.is_empty());
+    assert_eq!(queue.try_send_many(&mut items), Ok(0), "an empty batch");
+    assert_no_waiters(&queue);
+    queue.close();
+    let mut late: VecDeque<u32> = [9].into();
+    assert_eq!(queue.try_send_many(&mut late), Err(()));
+    assert_eq!(late, [9], "a closed queue takes nothing");
+}
+
+#[test]
+fn an_evicting_batch_send_takes_out_the_oldest_its_own_included() {
+    let queue = Queue::new(3);
+    assert!(queue.try_send(100).is_ok());
+    let evicted = queue.try_send_many_evicting(vec![0, 1, 2, 3]).ok().unwrap();
+    assert_eq!(
+        evicted,
+        [100, 0],
+        "what was queued first, then the batch's own first"
+    );
+    assert_eq!(queue.len(), 3);
+    assert_eq!(queue.try_recv(), Ok(1));
+    queue.close();
+    assert_eq!(
+        queue.try_send_many_evicting(vec![7, 8]).err(),
+        Some(vec![7, 8])
+    );
+}
+
+#[test]
+fn a_share_is_the_receivers_part_of_the_queue_and_wakes_one_sender_per_item() {
+    let queue = full_queue(8);
+    let mut senders: Vec<_> = (100..103).map(|item| spawn(queue.send(item))).collect();
+    for sender in &mut senders {
+        assert_pending!(sender.poll());
+    }
+    let mut held = VecDeque::new();
+    // Eight queued, three other receivers: a quarter, two items.
+    assert_eq!(queue.try_recv_share(3, 16, &mut held), Ok(2));
+    assert_eq!(held, [0, 1]);
+    assert!(senders[0].is_woken() && senders[1].is_woken());
+    assert!(!senders[2].is_woken(), "two items out, two senders woken");
+    assert_ready_eq!(senders[0].poll(), Ok(()));
+    assert_ready_eq!(senders[1].poll(), Ok(()));
+    // Capped by `max`, and never less than one.
+    held.clear();
+    assert_eq!(queue.try_recv_share(0, 3, &mut held), Ok(3));
+    assert_eq!(held, [2, 3, 4]);
+    assert_ready_eq!(senders[2].poll(), Ok(()));
+    held.clear();
+    assert_eq!(queue.try_recv_share(100, 3, &mut held), Ok(1));
+    while queue.try_recv().is_ok() {}
+    assert_eq!(
+        queue.try_recv_share(0, 3, &mut held),
+        Err(TryRecvError::Empty)
+    );
+    queue.close();
+    assert_eq!(
+        queue.try_recv_share(0, 3, &mut held),
+        Err(TryRecvError::Closed)
+    );
+    assert_no_waiters(&queue);
+}

@@ -127,9 +127,14 @@ impl Waiters {
         self.nodes[key].waker.take()
     }
 
-    /// The wakers of the `count` longest waiters (fewer if fewer wait).
-    pub(super) fn pop_up_to(&mut self, count: usize) -> Vec<Waker> {
-        std::iter::from_fn(|| self.pop()).take(count).collect()
+    /// The wakers of the `count` longest waiters (fewer if fewer wait), to be woken after
+    /// the lock is released. No allocation for none or one.
+    pub(super) fn pop_up_to(&mut self, count: usize) -> Woken {
+        match count {
+            0 => Woken::None,
+            1 => self.pop().map_or(Woken::None, Woken::One),
+            _ => Woken::Many(std::iter::from_fn(|| self.pop()).take(count).collect()),
+        }
     }
 
     /// Every listed waker, for a close: each waiter then finds the queue closed, so none of
@@ -235,5 +240,22 @@ impl<T> Queue<T> {
             senders.listed,
             senders.woken,
         ]
+    }
+}
+
+/// Wakers taken off a wait list under the lock, woken after it.
+pub(super) enum Woken {
+    None,
+    One(Waker),
+    Many(Vec<Waker>),
+}
+
+impl Woken {
+    pub(super) fn wake(self) {
+        match self {
+            Woken::None => {}
+            Woken::One(waker) => waker.wake(),
+            Woken::Many(wakers) => wakers.into_iter().for_each(Waker::wake),
+        }
     }
 }

@@ -210,6 +210,7 @@ async fn a_deadline_close_hands_back_the_jobs_a_worker_took_but_had_not_started(
     // Job 0 runs; the worker holds 1, 2, 3; 4 and 5 are in the queue: all five are queued.
     let m = pool.metrics();
     assert_eq!((m.in_flight, m.queued), (1, 5), "{m:?}");
+    assert_eq!(pool.len(), 2, "three of them held by the worker");
     let report = pool.close_within(150 * MS).await;
     assert!(report.deadline_expired);
     assert_eq!((report.metrics.completed, report.interrupted), (1, 1));
@@ -249,8 +250,9 @@ async fn a_panic_in_the_middle_of_a_taken_batch_loses_none_of_the_rest() {
 
 #[test]
 fn jobs_a_worker_held_when_its_runtime_shut_down_are_handed_back() {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
+    // Current-thread: the batch is queued before the worker's first poll, so the worker
+    // takes its share (three) at once.
+    let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .unwrap();
@@ -267,8 +269,8 @@ fn jobs_a_worker_held_when_its_runtime_shut_down_are_handed_back() {
         pool
     });
     // The worker runs job 0 and holds 1 and 2; 3 and 4 are queued.
-    assert_eq!(pool.metrics().queued, 4);
-    runtime.shutdown_timeout(Duration::from_secs(5));
+    assert_eq!((pool.metrics().queued, pool.len()), (4, 2));
+    drop(runtime);
     let other = tokio::runtime::Builder::new_current_thread()
         .build()
         .unwrap();
@@ -285,4 +287,72 @@ fn jobs_a_worker_held_when_its_runtime_shut_down_are_handed_back() {
 #[should_panic(expected = "take_per_worker must be at least one")]
 fn taking_zero_jobs_at_a_time_is_a_programmer_error() {
     let _ = WorkerPool::builder::<u32>(1, 1).take_per_worker(0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_pools_own_token_cancelled_mid_wait_is_a_cancellation_as_with_submit() {
+    let gate = Gate::closed();
+    let token = CancellationToken::new();
+    let pool = {
+        let gate = gate.clone();
+        WorkerPool::builder(1, 1).spawn(token.clone(), move |_context, job: u32| {
+            let gate = gate.clone();
+            async move {
+                gate.pass().await;
+                Ok::<_, String>(job)
+            }
+        })
+    };
+    let canceller = token.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(5 * MS).await;
+        canceller.cancel();
+    });
+    let refused = pool.submit_many(&token, [1, 2, 3, 4]).await.unwrap_err();
+    assert_eq!(refused.reason, Refusal::Cancelled);
+    assert_eq!(
+        refused.accepted,
+        0..2,
+        "one taken by the worker, one queued"
+    );
+    assert_eq!(refused.refused, [3, 4]);
+    assert_eq!(pool.metrics().rejected, 0, "cancelled, not rejected");
+    gate.open(2);
+    let report = pool.close().await;
+    assert_books_balance(&report.metrics, "after close");
+}
+
+// Held jobs have left the queue: with `take_per_worker(max)` the pool may accept up to
+// `workers × (max − 1)` jobs beyond its capacity, as documented, and no more.
+#[tokio::test(start_paused = true)]
+async fn held_jobs_let_the_pool_accept_at_most_workers_times_max_minus_one_beyond_capacity() {
+    let gate = Gate::closed();
+    let pool = {
+        let gate = gate.clone();
+        WorkerPool::builder(2, 8).take_per_worker(4).spawn(
+            CancellationToken::new(),
+            move |_context, job: u32| {
+                let gate = gate.clone();
+                async move {
+                    gate.pass().await;
+                    Ok::<_, String>(job)
+                }
+            },
+        )
+    };
+    for _ in 0..4 {
+        // Fill the queue, then let the workers take their shares.
+        let _ = pool.try_submit_many(0..100);
+        tokio::time::sleep(MS).await;
+    }
+    let m = pool.metrics();
+    assert_eq!(m.in_flight, 2);
+    assert_eq!(pool.len(), 8, "the queue is full");
+    // The first worker took half of eight (it runs one, holds three), the second half of
+    // the four left (runs one, holds one); then the queue filled again.
+    assert_eq!(m.queued, 8 + 3 + 1, "{m:?}");
+    assert!(m.queued <= 8 + 2 * 3, "the documented bound");
+    gate.open(100);
+    let report = pool.close().await;
+    assert_books_balance(&report.metrics, "after close");
 }
