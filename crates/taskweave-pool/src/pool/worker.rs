@@ -117,18 +117,26 @@ async fn run_jobs<J, R, E, H, Fut>(
     loop {
         // Held jobs first, then a share of the queue; the slow path needs no token:
         // cancellation closes the queue.
-        let (index, job) = match held.pop_front() {
-            Some(next) => next,
-            None => match shared.queue.try_recv_share(others, shared.take, held) {
-                Ok(_) => held.pop_front().expect("a share holds at least one job"),
-                Err(TryRecvError::Closed) => return,
-                Err(TryRecvError::Empty) => match shared.queue.recv().await {
-                    Some(queued) => queued,
-                    None => return,
-                },
+        let taken = match held.pop_front() {
+            Some(next) => Ok(next),
+            // One at a time (the default): no share to work out, nothing held.
+            None if shared.take == 1 => shared.queue.try_recv(),
+            None => shared
+                .queue
+                .try_recv_share(others, shared.take, held)
+                .map(|_| held.pop_front().expect("a share holds at least one job")),
+        };
+        let (index, job) = match taken {
+            Ok(next) => next,
+            Err(TryRecvError::Closed) => return,
+            Err(TryRecvError::Empty) => match shared.queue.recv().await {
+                Some(queued) => queued,
+                None => return,
             },
         };
-        mine.hold(held.len());
+        if shared.take > 1 {
+            mine.hold(held.len());
+        }
         if shared.cancel.is_cancelled() {
             // Taken after the cancellation: they never start, they go back to the caller.
             // The gauge first: a snapshot may miss these jobs for an instant, never count

@@ -244,9 +244,7 @@ impl<T> Queue<T> {
         Ok(taken)
     }
 
-    /// Takes the oldest item without waiting. (The workers take a share instead:
-    /// [`try_recv_share`](Self::try_recv_share).)
-    #[cfg(test)]
+    /// Takes the oldest item without waiting.
     pub(crate) fn try_recv(&self) -> Result<T, TryRecvError> {
         let mut state = self.lock();
         let Some(item) = state.items.pop_front() else {
