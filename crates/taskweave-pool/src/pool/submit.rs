@@ -71,31 +71,8 @@ where
                 return Err(self.refuse(refused).into());
             }
         };
-        // Slow path: wait for room. The send keeps the job until it is queued, so however
-        // the wait ends, the job is either in the queue or back in our hands.
-        let mut send = shared.queue.send((index, job));
-        let (cancelled, unsent) = if own {
-            // Cancelling this token closes the queue (the pool's hook), which ends the send:
-            // no registration on the token. The common case (a service passes its token to
-            // the pool and to its submits) and the cheap one.
-            match (&mut send).await {
-                Ok(()) => (false, None),
-                Err(unsent) => (token.is_cancelled(), Some(unsent)),
-            }
-        } else {
-            // Any other token is watched beside the send. The pool's own cancellation closes
-            // the queue, which ends the send: no need to watch its token here.
-            let sent = tokio::select! {
-                biased;
-                () = token.cancelled() => None,
-                sent = &mut send => Some(sent),
-            };
-            match sent {
-                Some(Ok(())) => (false, None),
-                Some(Err(unsent)) => (false, Some(unsent)),
-                None => (true, send.into_item()),
-            }
-        };
+        // Slow path: wait for room.
+        let (cancelled, unsent) = self.wait_for_room(token, own, (index, job)).await;
         unresolved.disarm();
         let Some((index, job)) = unsent else {
             return Ok(index);
@@ -105,6 +82,39 @@ where
             return Err(SubmitError::Cancelled(job));
         }
         Err(self.refuse(Refused::Closed((index, job))).into())
+    }
+
+    /// Waits for room for `item` (`own`: `token` is one of the pool's own tokens). Returns
+    /// whether the caller's token was cancelled, and the item when it was not queued.
+    ///
+    /// The send keeps the item until it is queued, so however the wait ends, the item is
+    /// either in the queue or back in our hands. Cancelling one of the pool's own tokens
+    /// closes the queue (the pool's hook), which ends the send: no registration on the token,
+    /// the common case (a service passes its token to the pool and to its submits) and the
+    /// cheap one. Any other token is watched beside the send.
+    pub(super) async fn wait_for_room(
+        &self,
+        token: &CancellationToken,
+        own: bool,
+        item: (u64, J),
+    ) -> (bool, Option<(u64, J)>) {
+        let mut send = self.handle.shared.queue.send(item);
+        if own {
+            return match (&mut send).await {
+                Ok(()) => (false, None),
+                Err(unsent) => (token.is_cancelled(), Some(unsent)),
+            };
+        }
+        let sent = tokio::select! {
+            biased;
+            () = token.cancelled() => None,
+            sent = &mut send => Some(sent),
+        };
+        match sent {
+            Some(Ok(())) => (false, None),
+            Some(Err(unsent)) => (false, Some(unsent)),
+            None => (true, send.into_item()),
+        }
     }
 
     /// Queues `job` if that is possible without waiting. Returns the job's index.

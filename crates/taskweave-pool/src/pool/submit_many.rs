@@ -101,26 +101,7 @@ where
             let Some(next) = batch.items.pop_front() else {
                 unreachable!("not empty, checked above");
             };
-            let mut send = shared.queue.send(next);
-            let (cancelled, unsent) = if own {
-                // As in `submit`: the pool's own token closes the queue when cancelled; the
-                // caller's cancellation is what it was.
-                match (&mut send).await {
-                    Ok(()) => (false, None),
-                    Err(unsent) => (token.is_cancelled(), Some(unsent)),
-                }
-            } else {
-                let sent = tokio::select! {
-                    biased;
-                    () = token.cancelled() => None,
-                    sent = &mut send => Some(sent),
-                };
-                match sent {
-                    Some(Ok(())) => (false, None),
-                    Some(Err(unsent)) => (false, Some(unsent)),
-                    None => (true, send.into_item()),
-                }
-            };
+            let (cancelled, unsent) = self.wait_for_room(token, own, next).await;
             match unsent {
                 None => batch.queued(1),
                 Some(unsent) => {
