@@ -31,7 +31,12 @@ fn double(n: u64) -> u64 {
 }
 
 async fn taskweave_stages() -> u64 {
-    let p = Pipeline::new(CancellationToken::new()).with_capacity(CAPACITY);
+    taskweave_stages_with(CAPACITY).await
+}
+
+/// The same with outputs of `capacity` items: what a larger hand-off batch buys.
+async fn taskweave_stages_with(capacity: usize) -> u64 {
+    let p = Pipeline::new(CancellationToken::new()).with_capacity(capacity);
     p.iter(0..ITEMS)
         .spawn_map(&p, |n| async move { inc(n) })
         .spawn_filter(&p, keep)
@@ -133,6 +138,95 @@ async fn single_task_chain() -> u64 {
         .await
 }
 
+/// Latency: one item at a time. The driver sends an item into the source and waits for it
+/// to come out of the third stage before sending the next, so no stage ever finds more
+/// than one item waiting (nothing to batch). `ROUNDS` round trips.
+const ROUNDS: u64 = 10_000;
+
+fn keep_all(n: &u64) -> bool {
+    *n != u64::MAX
+}
+
+async fn taskweave_round_trips() -> u64 {
+    let (tx, rx) = async_channel::bounded(1);
+    let p = Pipeline::new(CancellationToken::new()).with_capacity(CAPACITY);
+    let mut out = p
+        .stream(rx)
+        .spawn_map(&p, |n| async move { inc(n) })
+        .spawn_filter(&p, keep_all)
+        .spawn_map(&p, |n| async move { double(n) });
+    let mut sum = 0;
+    for n in 0..ROUNDS {
+        tx.send(n).await.unwrap();
+        sum ^= out.next().await.unwrap();
+    }
+    sum
+}
+
+async fn async_channel_round_trips() -> u64 {
+    let (tx, rx0) = async_channel::bounded(1);
+    let (tx1, rx1) = async_channel::bounded(CAPACITY);
+    let (tx2, rx2) = async_channel::bounded(CAPACITY);
+    let (tx3, rx3) = async_channel::bounded(CAPACITY);
+    tokio::spawn(async move {
+        while let Ok(n) = rx0.recv().await {
+            if tx1.send(inc(n)).await.is_err() {
+                return;
+            }
+        }
+    });
+    tokio::spawn(async move {
+        while let Ok(n) = rx1.recv().await {
+            if keep_all(&n) && tx2.send(n).await.is_err() {
+                return;
+            }
+        }
+    });
+    tokio::spawn(async move {
+        while let Ok(n) = rx2.recv().await {
+            if tx3.send(double(n)).await.is_err() {
+                return;
+            }
+        }
+    });
+    let mut sum = 0;
+    for n in 0..ROUNDS {
+        tx.send(n).await.unwrap();
+        sum ^= rx3.recv().await.unwrap();
+    }
+    sum
+}
+
+fn round_trips(c: &mut Criterion) {
+    for (flavor, runtime) in common::runtimes() {
+        let expected = runtime.block_on(async_channel_round_trips());
+        let mut group = c.benchmark_group(format!("pipeline_one_at_a_time_10k/{flavor}"));
+        group.throughput(Throughput::Elements(ROUNDS));
+        group.sample_size(30);
+        group.measurement_time(Duration::from_secs(4));
+        for (name, run) in [("taskweave_stages", 0), ("async_channel_tasks", 1)] {
+            let got = runtime.block_on(async {
+                match run {
+                    0 => taskweave_round_trips().await,
+                    _ => async_channel_round_trips().await,
+                }
+            });
+            assert_eq!(got, expected, "{name}");
+            group.bench_function(BenchmarkId::new(name, ROUNDS), |b| {
+                b.iter(|| {
+                    runtime.block_on(async {
+                        black_box(match run {
+                            0 => taskweave_round_trips().await,
+                            _ => async_channel_round_trips().await,
+                        })
+                    })
+                });
+            });
+        }
+        group.finish();
+    }
+}
+
 fn pipeline(c: &mut Criterion) {
     let expected = {
         let runtime = tokio::runtime::Builder::new_current_thread()
@@ -150,6 +244,7 @@ fn pipeline(c: &mut Criterion) {
             ("async_channel_tasks", 1),
             ("mpsc_tasks", 2),
             ("single_task_chain", 3),
+            ("taskweave_stages_capacity_1024", 4),
         ] {
             // Every implementation computes the same thing.
             let got = runtime.block_on(async {
@@ -157,7 +252,8 @@ fn pipeline(c: &mut Criterion) {
                     0 => taskweave_stages().await,
                     1 => async_channel_stages().await,
                     2 => mpsc_stages().await,
-                    _ => single_task_chain().await,
+                    3 => single_task_chain().await,
+                    _ => taskweave_stages_with(1024).await,
                 }
             });
             assert_eq!(got, expected, "{name}");
@@ -168,7 +264,8 @@ fn pipeline(c: &mut Criterion) {
                             0 => taskweave_stages().await,
                             1 => async_channel_stages().await,
                             2 => mpsc_stages().await,
-                            _ => single_task_chain().await,
+                            3 => single_task_chain().await,
+                            _ => taskweave_stages_with(1024).await,
                         })
                     })
                 });
@@ -178,5 +275,5 @@ fn pipeline(c: &mut Criterion) {
     }
 }
 
-criterion_group!(benches, pipeline);
+criterion_group!(benches, pipeline, round_trips);
 criterion_main!(benches);

@@ -5,7 +5,7 @@ use std::future::{Future, ready};
 use futures::Stream;
 use futures::future::{Either, FutureExt};
 
-use crate::stage::spawn_stage;
+use crate::run::spawn_stage;
 use crate::{First, Pipeline, Stage};
 
 /// Stages as methods on any stream: `p.iter(..).spawn_map(&p, f).spawn_filter(&p, g)`.

@@ -48,9 +48,11 @@
 //! # }
 //! ```
 
+mod chan;
 mod ext;
 mod first;
 mod pipeline;
+mod run;
 mod stage;
 
 pub use ext::PipelineExt;

@@ -9,7 +9,7 @@ use taskweave_supervise::TaskName;
 use tokio_util::sync::CancellationToken;
 
 use crate::Stage;
-use crate::stage::spawn_stage;
+use crate::run::spawn_stage;
 
 /// The output capacity of a stage unless [`Pipeline::with_capacity`] says otherwise.
 ///
@@ -18,8 +18,8 @@ use crate::stage::spawn_stage;
 pub const DEFAULT_CAPACITY: usize = taskweave_supervise::internal::DEFAULT_CAPACITY;
 
 /// The largest capacity [`Pipeline::with_capacity`] accepts: 1,048,576 items. A stage's
-/// output channel allocates its capacity up front, so a capacity near `usize::MAX` would be an
-/// allocation failure (an abort), not a buffer.
+/// output buffers grow up to its capacity, so a capacity near `usize::MAX` would be an
+/// allocation failure (an abort) waiting to happen, not a buffer.
 pub const MAX_CAPACITY: usize = 1 << 20;
 
 /// The token and settings that sources and stages are built with; cheap to clone.

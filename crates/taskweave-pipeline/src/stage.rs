@@ -1,19 +1,18 @@
 //! `Stage`: the output of a source or stage, the task behind it, and why it ended.
 
 use std::cell::{Cell, RefCell};
+use std::collections::VecDeque;
 use std::fmt;
-use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll};
 
 use futures::Stream;
 use futures::stream::FusedStream;
-use pin_project_lite::pin_project;
-use taskweave_supervise::{PanicError, TaskName, TokenWatch, catch_panic};
-use tokio_util::sync::DropGuard;
+use taskweave_supervise::{PanicError, TaskName};
+use tokio_util::sync::{CancellationToken, DropGuard};
 
-use crate::Pipeline;
+use crate::chan;
 
 /// Why a stage's task finished.
 ///
@@ -23,9 +22,11 @@ use crate::Pipeline;
 pub enum StageEnd {
     /// The input ended (for a source: it ran out of items) and every item was sent on.
     InputEnded,
-    /// The token was cancelled, or the stage's output was dropped; the item or call in
-    /// flight inside the stage was dropped. Items already in the output channel are still
-    /// yielded before the stream ends.
+    /// The token was cancelled, or the stage's output was dropped. The call in flight inside
+    /// the stage was dropped, and so were the items it had taken from its input but not
+    /// started (as the items still queued in its input are); the items it had finished are
+    /// handed on, and items already in the output channel are still yielded before the
+    /// stream ends.
     Cancelled,
     /// The stage's own function (or its source) panicked.
     Panicked(PanicError),
@@ -50,9 +51,9 @@ impl StageEnd {
 // Shared between a stage's task and its `Stage`. The task sets `end` before it drops its
 // sender; the receiver sees the channel close after that, so a finished stream always finds
 // `end` set (unless the task was aborted, by a runtime shutting down).
-struct Shared {
-    name: TaskName,
-    end: OnceLock<StageEnd>,
+pub(crate) struct Shared {
+    pub(crate) name: TaskName,
+    pub(crate) end: OnceLock<StageEnd>,
 }
 
 // How a stage learns that its input ended because of a panic upstream. While a stage polls
@@ -70,12 +71,47 @@ thread_local! {
     static HEARD_PANIC: RefCell<Option<PanicError>> = const { RefCell::new(None) };
 }
 
+/// Listening while it lives: a stage polls its input inside one. Dropping it puts back the
+/// state of the poll around this one, also when the input panics.
+pub(crate) struct Listening(u8);
+
+impl Listening {
+    #[inline]
+    pub(crate) fn start() -> Self {
+        Listening(LISTEN.replace(LISTENING))
+    }
+}
+
+impl Drop for Listening {
+    fn drop(&mut self) {
+        LISTEN.set(self.0);
+    }
+}
+
+/// The panic a `Stage` polled inside the current [`Listening`] ended with, if one did.
+#[inline]
+pub(crate) fn heard_panic() -> Option<PanicError> {
+    if LISTEN.get() == HEARD {
+        LISTEN.set(LISTENING);
+        HEARD_PANIC.take()
+    } else {
+        None
+    }
+}
+
 /// A source's or stage's output: a bounded channel owned by the stage's task.
 ///
 /// - **Order**: the order in which the stage produced its items (for map, filter,
 ///   filter_map and try_map: the input's order).
-/// - **Backpressure**: the channel holds [`Pipeline::capacity`] items; when it is full the
-///   stage waits, and so stops reading its own input.
+/// - **Backpressure**: the channel holds [`Pipeline::capacity`](crate::Pipeline::capacity) items, counting those the
+///   consumer's `Stage` already moved into its own buffer and has not yielded; when it is
+///   full the stage waits, and so stops reading its own input. Each item yielded gives its
+///   room back at once.
+/// - **Hand-off in batches**: the stage takes every item its input has ready (up to the
+///   room in its output), runs its function on each in turn and hands the results on in
+///   one push; the `Stage` takes everything queued in one go. Nothing waits to fill a batch:
+///   one item at a time goes straight through, and a call that has to wait first hands on
+///   the items finished before it.
 /// - **End**: the stream ends once the stage's task has recorded why it stopped (see
 ///   [`end`](Self::end)) and closed the channel, and every item already in the channel was
 ///   taken: after the input ended, the token was cancelled, or a stage panicked. After a
@@ -114,8 +150,7 @@ thread_local! {
 /// ```
 #[must_use = "streams do nothing unless polled"]
 pub struct Stage<T> {
-    // Boxed so that `Stage` is `Unpin` (async-channel's receiver is not).
-    output: Pin<Box<async_channel::Receiver<T>>>,
+    output: chan::Receiver<T>,
     shared: Arc<Shared>,
     done: bool,
     // Dropping the `Stage` cancels its task.
@@ -123,6 +158,41 @@ pub struct Stage<T> {
 }
 
 impl<T> Stage<T> {
+    /// The output of a stage's task, which will set `end` before it drops the sender.
+    pub(crate) fn new(output: chan::Receiver<T>, name: TaskName, token: CancellationToken) -> Self {
+        Stage {
+            output,
+            shared: Arc::new(Shared {
+                name,
+                end: OnceLock::new(),
+            }),
+            done: false,
+            _stop_on_drop: token.drop_guard(),
+        }
+    }
+
+    pub(crate) fn shared(&self) -> Arc<Shared> {
+        Arc::clone(&self.shared)
+    }
+
+    /// What a stage reading this one directly takes: up to `max` items in one go.
+    /// `Ready(false)` once the output has ended.
+    pub(crate) fn poll_take(
+        &mut self,
+        cx: &mut Context<'_>,
+        max: usize,
+        into: &mut VecDeque<T>,
+    ) -> Poll<bool> {
+        if self.done {
+            return Poll::Ready(false);
+        }
+        let taken = self.output.poll_take(cx, max, into);
+        if let Poll::Ready(false) = taken {
+            self.done = true;
+        }
+        taken
+    }
+
     /// The stage's name, used in its logs and in a [`PanicError`] it reports.
     #[must_use]
     pub fn name(&self) -> &TaskName {
@@ -152,14 +222,15 @@ impl<T> Stage<T> {
 impl<T> Stream for Stage<T> {
     type Item = T;
 
-    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<T>> {
-        if self.done {
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<T>> {
+        let this = self.get_mut();
+        if this.done {
             return Poll::Ready(None);
         }
-        let polled = self.output.as_mut().poll_next(cx);
+        let polled = this.output.poll_next(cx);
         if let Poll::Ready(None) = polled {
-            self.done = true;
-            if let Some(panic) = self.shared.end.get().and_then(StageEnd::panic) {
+            this.done = true;
+            if let Some(panic) = this.shared.end.get().and_then(StageEnd::panic) {
                 // Read by a stage polling its input: that stage reports the panic as the
                 // reason its input ended. Elsewhere the reader asks `end()` itself.
                 if LISTEN.get() != NOT_LISTENING {
@@ -182,6 +253,9 @@ impl<T> Stream for Stage<T> {
     }
 }
 
+// The items are never pinned: the channel moves them in and out by value.
+impl<T> Unpin for Stage<T> {}
+
 impl<T> FusedStream for Stage<T> {
     fn is_terminated(&self) -> bool {
         self.done
@@ -195,142 +269,5 @@ impl<T> fmt::Debug for Stage<T> {
             .field("buffered", &self.output.len())
             .field("end", &self.shared.end.get())
             .finish()
-    }
-}
-
-/// How the loop of a stage stopped.
-enum Stop {
-    InputEnded(Option<PanicError>),
-    Cancelled,
-    ConsumerGone,
-}
-
-/// Spawns the task of one source or stage: it reads `input`, runs `step` on each item and
-/// sends the `Some` results into a bounded channel it owns.
-pub(crate) fn spawn_stage<S, F, Fut, O>(
-    pipeline: &Pipeline,
-    default_name: &'static str,
-    input: S,
-    step: F,
-) -> Stage<O>
-where
-    S: Stream + Send + 'static,
-    S::Item: Send,
-    F: FnMut(S::Item) -> Fut + Send + 'static,
-    Fut: Future<Output = Option<O>> + Send,
-    O: Send + 'static,
-{
-    let name = pipeline
-        .stage_name()
-        .cloned()
-        .unwrap_or_else(|| TaskName::from(default_name));
-    let token = pipeline.token().child_token();
-    let (tx, rx) = async_channel::bounded(pipeline.capacity());
-    let shared = Arc::new(Shared {
-        name: name.clone(),
-        end: OnceLock::new(),
-    });
-
-    let task_shared = Arc::clone(&shared);
-    let watch = TokenWatch::new(&token);
-    let task = async move {
-        let looped = catch_panic(name.clone(), run_loop(input, step, &tx, &watch)).await;
-        let end = match looped {
-            Err(panic) => StageEnd::Panicked(panic),
-            Ok(Stop::InputEnded(Some(panic))) => {
-                tracing::debug!(stage = %name, upstream = %panic.name(), "stage ended: a stage upstream panicked");
-                StageEnd::UpstreamPanicked(panic)
-            }
-            Ok(Stop::InputEnded(None)) => StageEnd::InputEnded,
-            Ok(Stop::Cancelled | Stop::ConsumerGone) => StageEnd::Cancelled,
-        };
-        tracing::debug!(stage = %name, ?end, "stage finished");
-        let _ = task_shared.end.set(end);
-        // Closes the output after `end` is set.
-        drop(tx);
-    };
-    drop(taskweave_supervise::spawn(shared.name.clone(), task));
-    Stage {
-        output: Box::pin(rx),
-        shared,
-        done: false,
-        _stop_on_drop: token.drop_guard(),
-    }
-}
-
-async fn run_loop<S, F, Fut, O>(
-    input: S,
-    mut step: F,
-    tx: &async_channel::Sender<O>,
-    watch: &TokenWatch,
-) -> Stop
-where
-    S: Stream,
-    F: FnMut(S::Item) -> Fut,
-    Fut: Future<Output = Option<O>>,
-{
-    let mut input = std::pin::pin!(WatchedInput {
-        input,
-        caught: None
-    });
-    loop {
-        let item = match watch
-            .run_until_cancelled(futures::StreamExt::next(&mut input))
-            .await
-        {
-            None => return Stop::Cancelled,
-            Some(None) => return Stop::InputEnded(input.as_mut().project().caught.take()),
-            Some(Some(item)) => item,
-        };
-        // One unit of tokio's cooperative budget per item (async-channel takes none): a
-        // stage whose input is always ready and whose output always has room (a filter that
-        // keeps few items, a consumer on another thread) still lets other tasks run.
-        tokio::task::coop::consume_budget().await;
-        let output = match watch.run_until_cancelled(step(item)).await {
-            None => return Stop::Cancelled,
-            Some(None) => continue,
-            Some(Some(output)) => output,
-        };
-        match watch.run_until_cancelled(tx.send(output)).await {
-            None => return Stop::Cancelled,
-            Some(Err(_)) => return Stop::ConsumerGone,
-            Some(Ok(())) => {}
-        }
-    }
-}
-
-pin_project! {
-    // A stage's input, polled with `LISTEN` set: a `Stage` inside it that ended because of
-    // a panic leaves the panic in `caught`.
-    struct WatchedInput<S> {
-        #[pin]
-        input: S,
-        caught: Option<PanicError>,
-    }
-}
-
-// Puts back the listening state of the poll around this one, also when the input panics.
-struct Restore(u8);
-
-impl Drop for Restore {
-    fn drop(&mut self) {
-        LISTEN.set(self.0);
-    }
-}
-
-impl<S: Stream> Stream for WatchedInput<S> {
-    type Item = S::Item;
-
-    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<S::Item>> {
-        let this = self.project();
-        let restore = Restore(LISTEN.replace(LISTENING));
-        let polled = this.input.poll_next(cx);
-        if LISTEN.get() == HEARD
-            && let Some(panic) = HEARD_PANIC.take()
-        {
-            this.caught.get_or_insert(panic);
-        }
-        drop(restore);
-        polled
     }
 }

@@ -88,6 +88,7 @@ impl TokenWatch {
 
     /// `true` once the token is cancelled (or [`set`](Self::set) was called).
     #[must_use]
+    #[inline]
     pub fn is_cancelled(&self) -> bool {
         // Acquire pairs with the Release in `Signal::wake_by_ref`: whoever sees `true` sees
         // what was done before the cancellation.

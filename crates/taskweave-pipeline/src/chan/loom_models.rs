@@ -1,0 +1,84 @@
+//! Loom models of the stage channel's wake-ups: every interleaving of the lock and of the
+//! count's read-modify-writes; a lost wake-up shows as a deadlock (a thread parked for
+//! ever). Run with `RUSTFLAGS="--cfg taskweave_loom" cargo test -p taskweave-pipeline --lib
+//! --release`.
+
+use std::collections::VecDeque;
+use std::future::poll_fn;
+
+use loom::future::block_on;
+use loom::thread;
+
+use super::{Gone, Receiver, Sender, bounded};
+
+/// Sends `items` one push at a time, waiting for room before each.
+fn send_each(tx: Sender<u32>, items: Vec<u32>) -> thread::JoinHandle<Result<(), Gone>> {
+    thread::spawn(move || {
+        for item in items {
+            block_on(poll_fn(|cx| tx.poll_room(cx)))?;
+            tx.push(&mut VecDeque::from([item]))?;
+        }
+        Ok(())
+    })
+}
+
+/// Every interleaving with up to four preemptions (loom's usual bound: the full space of
+/// these models takes longer than CI has).
+fn bounded_model(model: impl Fn() + Sync + Send + 'static) {
+    let mut builder = loom::model::Builder::new();
+    builder.preemption_bound = Some(4);
+    builder.check(model);
+}
+
+fn next(rx: &mut Receiver<u32>) -> Option<u32> {
+    block_on(poll_fn(|cx| rx.poll_next(cx)))
+}
+
+/// Capacity one: the sender waits for the room the first yield gives back, the receiver for
+/// each push, and the close after the last item reaches the receiver.
+#[test]
+fn a_sender_and_a_receiver_of_one_hand_over_two_items_and_the_end() {
+    bounded_model(|| {
+        let (tx, mut rx) = bounded(1);
+        let sender = send_each(tx, vec![0, 1]);
+        assert_eq!(next(&mut rx), Some(0));
+        assert_eq!(next(&mut rx), Some(1));
+        assert_eq!(next(&mut rx), None);
+        assert!(sender.join().unwrap().is_ok());
+    });
+}
+
+/// Capacity two, the sender pushing a batch into whatever room it finds, the receiver
+/// taking batches: the count never passes the capacity and no item is lost.
+#[test]
+fn batches_both_ways_keep_the_count_within_the_capacity() {
+    bounded_model(|| {
+        let (tx, mut rx) = bounded(2);
+        let sender = thread::spawn(move || {
+            let mut next = 0;
+            while next < 3 {
+                let room = block_on(poll_fn(|cx| tx.poll_room(cx))).unwrap();
+                let end = (next + u32::try_from(room).unwrap()).min(3);
+                let mut batch: VecDeque<u32> = (next..end).collect();
+                tx.push(&mut batch).unwrap();
+                assert!(tx.len() <= 2);
+                next = end;
+            }
+        });
+        let mut got = VecDeque::new();
+        while block_on(poll_fn(|cx| rx.poll_take(cx, 2, &mut got))) {}
+        assert_eq!(got, [0, 1, 2]);
+        sender.join().unwrap();
+    });
+}
+
+/// A receiver that goes away while the sender waits for room: the sender is woken and told.
+#[test]
+fn a_receiver_dropped_while_the_sender_waits_for_room_releases_it() {
+    loom::model(|| {
+        let (tx, rx) = bounded(1);
+        let sender = send_each(tx, vec![0, 1]);
+        drop(rx);
+        assert!(sender.join().unwrap().is_err());
+    });
+}

@@ -1,0 +1,332 @@
+//! The bounded channel between a stage's task and its [`Stage`](crate::Stage): one sender,
+//! one receiver, items handed over in batches.
+//!
+//! Why not async-channel (which the stages used before) or tokio's mpsc: both hand over one
+//! item per operation, a lock or CAS and a wake-up check each time, and that hand-off was most
+//! of a stage's cost for small items. Here the sender pushes every item it has ready under one
+//! lock and one wake-up, and the receiver takes everything queued under one lock into a buffer
+//! of its own, then yields from that buffer with no lock. tokio's mpsc has `recv_many`, but an
+//! item it hands over leaves the channel's count, so a receiver that buffers them would hold
+//! up to a second capacity of items that nothing counts.
+//!
+//! **The count.** `count` is the number of items in the queue *plus* the items the receiver
+//! took into its buffer and has not yielded yet, so the capacity bounds everything between
+//! the sender and the consumer. The receiver gives back one unit per item it yields (a
+//! `fetch_sub`), not per batch: a consumer that took one item and then waits for something
+//! the sender does after its next send must not find the sender stuck behind items it
+//! already consumed.
+//!
+//! **Waiting for room.** The sender registers its waker, then sets `SENDER_WAITING` in
+//! `count` with a `fetch_or` and reads the count that returned; the receiver's `fetch_sub`
+//! returns the previous word too. Both are read-modify-writes of one atomic, so one of them
+//! comes first: either the sender sees the room the receiver made, or the receiver sees the
+//! flag and wakes the sender. No lost wake-up rests on a fence or on memory ordering beyond
+//! the one word.
+//!
+//! Only the stage's task sends and only the `Stage` receives; neither side is `Clone`.
+//! No user code runs under the lock: wakers are cloned before it is taken and woken or
+//! dropped after it is released, and the items a closed receiver leaves are dropped outside
+//! it.
+
+use std::collections::VecDeque;
+use std::mem;
+use std::task::{Context, Poll, Waker};
+
+#[cfg(all(test, taskweave_loom))]
+use loom::sync::atomic::{AtomicUsize, Ordering};
+#[cfg(all(test, taskweave_loom))]
+use loom::sync::{Arc, Mutex, MutexGuard};
+#[cfg(not(all(test, taskweave_loom)))]
+use std::sync::atomic::{AtomicUsize, Ordering};
+#[cfg(not(all(test, taskweave_loom)))]
+use std::sync::{Arc, Mutex};
+#[cfg(not(all(test, taskweave_loom)))]
+use taskweave_supervise::internal::lock;
+
+#[cfg(all(test, taskweave_loom))]
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap()
+}
+
+/// Set in `count` while the sender waits for room.
+const SENDER_WAITING: usize = 1 << (usize::BITS - 1);
+
+struct Shared<T> {
+    /// Items queued plus items in the receiver's buffer; `SENDER_WAITING` on top.
+    count: AtomicUsize,
+    capacity: usize,
+    state: Mutex<State<T>>,
+}
+
+struct State<T> {
+    queue: VecDeque<T>,
+    rx_waker: Option<Waker>,
+    tx_waker: Option<Waker>,
+    /// The sender is gone: once `queue` is empty, the receiver has seen everything.
+    tx_closed: bool,
+    /// The receiver is gone: the sender's pushes are refused.
+    rx_closed: bool,
+}
+
+/// The consumer is gone (the `Stage` was dropped).
+#[derive(Debug)]
+pub(crate) struct Gone;
+
+pub(crate) fn bounded<T>(capacity: usize) -> (Sender<T>, Receiver<T>) {
+    debug_assert!(capacity > 0 && capacity < SENDER_WAITING);
+    let shared = Arc::new(Shared {
+        count: AtomicUsize::new(0),
+        capacity,
+        state: Mutex::new(State {
+            queue: VecDeque::new(),
+            rx_waker: None,
+            tx_waker: None,
+            tx_closed: false,
+            rx_closed: false,
+        }),
+    });
+    (
+        Sender {
+            shared: Arc::clone(&shared),
+        },
+        Receiver {
+            shared,
+            buffer: VecDeque::new(),
+        },
+    )
+}
+
+/// Stores `waker` in `slot` unless the one there already wakes the same task. `fresh` was
+/// cloned before the lock was taken; what is replaced is returned, to be dropped after it.
+fn store_waker(slot: &mut Option<Waker>, fresh: Waker) -> Option<Waker> {
+    match slot {
+        Some(current) if current.will_wake(&fresh) => Some(fresh),
+        _ => slot.replace(fresh),
+    }
+}
+
+pub(crate) struct Sender<T> {
+    shared: Arc<Shared<T>>,
+}
+
+impl<T> Sender<T> {
+    fn len(&self) -> usize {
+        self.shared.count.load(Ordering::Acquire) & !SENDER_WAITING
+    }
+
+    /// Waits until there is room, and returns how many items fit. Room only grows until
+    /// this sender pushes, so all of them can be pushed without waiting again.
+    pub(crate) fn poll_room(&self, cx: &mut Context<'_>) -> Poll<Result<usize, Gone>> {
+        let capacity = self.shared.capacity;
+        let len = self.len();
+        if len < capacity {
+            return Poll::Ready(Ok(capacity - len));
+        }
+        let fresh = cx.waker().clone();
+        let replaced = {
+            let mut state = lock(&self.shared.state);
+            if state.rx_closed {
+                return Poll::Ready(Err(Gone));
+            }
+            store_waker(&mut state.tx_waker, fresh)
+        };
+        drop(replaced);
+        let before = self.shared.count.fetch_or(SENDER_WAITING, Ordering::AcqRel);
+        let len = before & !SENDER_WAITING;
+        if len < capacity {
+            // The receiver made room before the flag went up: it will not wake us.
+            self.shared
+                .count
+                .fetch_and(!SENDER_WAITING, Ordering::AcqRel);
+            return Poll::Ready(Ok(capacity - len));
+        }
+        Poll::Pending
+    }
+
+    /// Pushes every item of `items` (no more than the room [`poll_room`](Self::poll_room)
+    /// returned) under one lock and wakes the receiver once. When the receiver is gone the
+    /// items stay in `items`, for the caller to drop.
+    pub(crate) fn push(&self, items: &mut VecDeque<T>) -> Result<(), Gone> {
+        if items.is_empty() {
+            return Ok(());
+        }
+        let n = items.len();
+        let waker = {
+            let mut state = lock(&self.shared.state);
+            if state.rx_closed {
+                return Err(Gone);
+            }
+            debug_assert!(
+                self.len() + n <= self.shared.capacity,
+                "pushed past the room"
+            );
+            if state.queue.is_empty() {
+                // Usually so (the receiver swapped the queue out): swap back, no copy.
+                mem::swap(&mut state.queue, items);
+            } else {
+                // Moves the items as (at most two) slices.
+                state.queue.append(items);
+            }
+            self.shared.count.fetch_add(n, Ordering::AcqRel);
+            state.rx_waker.take()
+        };
+        if let Some(waker) = waker {
+            waker.wake();
+        }
+        Ok(())
+    }
+}
+
+impl<T> Drop for Sender<T> {
+    fn drop(&mut self) {
+        let waker = {
+            let mut state = lock(&self.shared.state);
+            state.tx_closed = true;
+            state.rx_waker.take()
+        };
+        if let Some(waker) = waker {
+            waker.wake();
+        }
+    }
+}
+
+pub(crate) struct Receiver<T> {
+    shared: Arc<Shared<T>>,
+    /// Items taken from the queue in one go, yielded from here without the lock; still
+    /// counted in `count` until yielded.
+    buffer: VecDeque<T>,
+}
+
+impl<T> Receiver<T> {
+    /// Items waiting: queued and in the buffer.
+    pub(crate) fn len(&self) -> usize {
+        self.shared.count.load(Ordering::Acquire) & !SENDER_WAITING
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// `true` once the sender is gone (items may still wait).
+    pub(crate) fn is_closed(&self) -> bool {
+        lock(&self.shared.state).tx_closed
+    }
+
+    /// Gives back the room of `n` items that left the channel, waking the sender if it
+    /// waits for room.
+    fn release(&self, n: usize) {
+        let before = self.shared.count.fetch_sub(n, Ordering::AcqRel);
+        if before & SENDER_WAITING != 0 {
+            self.shared
+                .count
+                .fetch_and(!SENDER_WAITING, Ordering::AcqRel);
+            let waker = lock(&self.shared.state).tx_waker.take();
+            if let Some(waker) = waker {
+                waker.wake();
+            }
+        }
+    }
+
+    /// Refills the empty buffer from the queue under the lock. `Some(false)`: the sender is
+    /// gone and nothing is left; `None`: nothing yet.
+    fn try_refill(buffer: &mut VecDeque<T>, state: &mut State<T>) -> Option<bool> {
+        debug_assert!(buffer.is_empty());
+        if !state.queue.is_empty() {
+            // The buffer is empty: swapping keeps both allocations in use.
+            mem::swap(buffer, &mut state.queue);
+            Some(true)
+        } else if state.tx_closed {
+            Some(false)
+        } else {
+            None
+        }
+    }
+
+    /// Refills the empty buffer. `Ready(false)`: the sender is gone and nothing is left;
+    /// `Pending`: nothing yet, and the task is woken by the next push or by the close.
+    fn poll_refill(&mut self, cx: &mut Context<'_>) -> Poll<bool> {
+        if let Some(refilled) = Self::try_refill(&mut self.buffer, &mut lock(&self.shared.state)) {
+            return Poll::Ready(refilled);
+        }
+        // Nothing there: register, with a waker cloned outside the lock, and look again
+        // under the lock that a push or the close takes too.
+        let fresh = cx.waker().clone();
+        let replaced = {
+            let mut state = lock(&self.shared.state);
+            if let Some(refilled) = Self::try_refill(&mut self.buffer, &mut state) {
+                return Poll::Ready(refilled);
+            }
+            store_waker(&mut state.rx_waker, fresh)
+        };
+        drop(replaced);
+        Poll::Pending
+    }
+
+    /// The next item, in order.
+    pub(crate) fn poll_next(&mut self, cx: &mut Context<'_>) -> Poll<Option<T>> {
+        if self.buffer.is_empty() {
+            match self.poll_refill(cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(false) => return Poll::Ready(None),
+                Poll::Ready(true) => {}
+            }
+        }
+        let item = self.buffer.pop_front();
+        debug_assert!(item.is_some());
+        if item.is_some() {
+            self.release(1);
+        }
+        Poll::Ready(item)
+    }
+
+    /// Moves up to `max` items into `into`. `Ready(true)`: at least one was moved;
+    /// `Ready(false)`: the sender is gone and nothing is left; `Pending`: nothing yet.
+    pub(crate) fn poll_take(
+        &mut self,
+        cx: &mut Context<'_>,
+        max: usize,
+        into: &mut VecDeque<T>,
+    ) -> Poll<bool> {
+        debug_assert!(max > 0);
+        if self.buffer.is_empty() {
+            match self.poll_refill(cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(false) => return Poll::Ready(false),
+                Poll::Ready(true) => {}
+            }
+        }
+        let n = self.buffer.len().min(max);
+        if n == self.buffer.len() && into.is_empty() {
+            mem::swap(&mut self.buffer, into);
+        } else {
+            // `extend(drain(..n))` goes through the generic per-item path; this is a tight
+            // loop after one reservation.
+            into.reserve(n);
+            for _ in 0..n {
+                if let Some(item) = self.buffer.pop_front() {
+                    into.push_back(item);
+                }
+            }
+        }
+        self.release(n);
+        Poll::Ready(true)
+    }
+}
+
+impl<T> Drop for Receiver<T> {
+    fn drop(&mut self) {
+        let (queue, waker) = {
+            let mut state = lock(&self.shared.state);
+            state.rx_closed = true;
+            (mem::take(&mut state.queue), state.tx_waker.take())
+        };
+        if let Some(waker) = waker {
+            waker.wake();
+        }
+        // The items left are dropped here, outside the lock (their `Drop` is user code).
+        drop(queue);
+    }
+}
+
+#[cfg(all(test, taskweave_loom))]
+mod loom_models;

@@ -1,0 +1,325 @@
+//! The task of a source or stage: it takes whatever its input has ready, runs its function
+//! on each item and hands the results on in one push.
+//!
+//! **Opportunistic batching.** Each turn of the loop asks the output for room, takes up to
+//! that many items that the input has *ready now* (never waiting to fill a batch), runs the
+//! step on them one at a time and pushes the results under one lock and one wake-up. So:
+//! - one item at a time still goes straight through (a batch of one, no waiting for more);
+//! - everything the stage holds has a place in its output, so the capacity still bounds
+//!   the items between two stages (plus the one in the step, as before);
+//! - a step that has to wait (an async call that is pending) first hands on what is done;
+//! - the token is checked before every item and while a step waits, so a cancel stops the
+//!   stage within one item. The results already computed are pushed before the stage ends
+//!   (on a cancel and after a panic too): an item the stage finished is never lost. Items
+//!   taken from the input but not started are dropped, as items still queued in the input
+//!   are when a cancelled stage drops it.
+//!
+//! When the input is a [`Stage`] itself (the usual chain), the items are moved out of its
+//! channel in one go instead of one `poll_next` each; the input's type is recognised with a
+//! `TypeId` comparison (`Any`), which is all stable Rust offers in place of specialisation.
+
+use std::any::Any;
+use std::collections::VecDeque;
+use std::future::{Future, poll_fn};
+use std::pin::{Pin, pin};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use futures::Stream;
+use pin_project_lite::pin_project;
+use taskweave_supervise::{PanicError, TaskName, TokenWatch, catch_panic};
+
+use crate::chan::{self, Gone};
+use crate::stage::{Listening, Shared, StageEnd, heard_panic};
+use crate::{Pipeline, Stage};
+
+/// The most items one turn of a stage's loop moves: bounds the results a stage holds
+/// before it pushes them, and the items between two units of tokio's cooperative budget.
+const MAX_BATCH: usize = 256;
+
+/// How the loop of a stage stopped.
+enum Stop {
+    InputEnded(Option<PanicError>),
+    Cancelled,
+    ConsumerGone,
+}
+
+/// Spawns the task of one source or stage: it reads `input`, runs `step` on each item and
+/// sends the `Some` results into a bounded channel it owns.
+pub(crate) fn spawn_stage<S, F, Fut, O>(
+    pipeline: &Pipeline,
+    default_name: &'static str,
+    input: S,
+    step: F,
+) -> Stage<O>
+where
+    S: Stream + Send + 'static,
+    S::Item: Send,
+    F: FnMut(S::Item) -> Fut + Send + 'static,
+    Fut: Future<Output = Option<O>> + Send,
+    O: Send + 'static,
+{
+    let name = pipeline
+        .stage_name()
+        .cloned()
+        .unwrap_or_else(|| TaskName::from(default_name));
+    let token = pipeline.token().child_token();
+    let (tx, rx) = chan::bounded(pipeline.capacity());
+    let stage = Stage::new(rx, name.clone(), token.clone());
+    let shared = stage.shared();
+    let watch = TokenWatch::new(&token);
+
+    let mut input = Some(input);
+    let any: &mut dyn Any = &mut input;
+    let task_name = shared.name.clone();
+    if let Some(upstream) = any.downcast_mut::<Option<Stage<S::Item>>>() {
+        let upstream = upstream.take().expect("the input is there");
+        let input = StageInput(upstream);
+        let task = async move {
+            stage_task(name, input, step, tx, watch, shared).await;
+        };
+        drop(taskweave_supervise::spawn(task_name, task));
+    } else {
+        let input = AnyInput {
+            input: input.take().expect("the input is there"),
+            caught: None,
+            ended: false,
+        };
+        let task = async move {
+            let input = pin!(input);
+            stage_task(name, input, step, tx, watch, shared).await;
+        };
+        drop(taskweave_supervise::spawn(task_name, task));
+    }
+    stage
+}
+
+async fn stage_task<I, F, Fut, O>(
+    name: TaskName,
+    input: I,
+    step: F,
+    tx: chan::Sender<O>,
+    watch: TokenWatch,
+    shared: Arc<Shared>,
+) where
+    I: Input,
+    F: FnMut(I::Item) -> Fut,
+    Fut: Future<Output = Option<O>>,
+{
+    // The results not yet pushed live out here, so that a panic in the step (caught below)
+    // does not take the ones already computed with it.
+    let mut done = VecDeque::new();
+    let looped = catch_panic(name.clone(), run_loop(input, step, &tx, &watch, &mut done)).await;
+    let end = match looped {
+        Err(panic) => StageEnd::Panicked(panic),
+        Ok(Stop::InputEnded(Some(panic))) => {
+            tracing::debug!(stage = %name, upstream = %panic.name(), "stage ended: a stage upstream panicked");
+            StageEnd::UpstreamPanicked(panic)
+        }
+        Ok(Stop::InputEnded(None)) => StageEnd::InputEnded,
+        Ok(Stop::Cancelled | Stop::ConsumerGone) => StageEnd::Cancelled,
+    };
+    // They fit: the loop took no more items than the output had room for. When the
+    // consumer is gone they are dropped, and their `Drop` (user code) may panic.
+    let pushed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let _ = tx.push(&mut done);
+        drop(done);
+    }));
+    if let Err(payload) = pushed {
+        let panic = PanicError::from_panic(name.clone(), payload);
+        tracing::error!(stage = %name, panic = %panic.message(), "dropping a stage's results panicked: caught");
+    }
+    tracing::debug!(stage = %name, ?end, "stage finished");
+    let _ = shared.end.set(end);
+    // Closes the output after `end` is set.
+    drop(tx);
+}
+
+async fn run_loop<I, F, Fut, O>(
+    mut input: I,
+    mut step: F,
+    tx: &chan::Sender<O>,
+    watch: &TokenWatch,
+    done: &mut VecDeque<O>,
+) -> Stop
+where
+    I: Input,
+    F: FnMut(I::Item) -> Fut,
+    Fut: Future<Output = Option<O>>,
+{
+    let mut batch = VecDeque::new();
+    // The call of `step` in flight, kept across polls when it waits.
+    let mut call = pin!(None::<Fut>);
+    loop {
+        let room = match watch
+            .run_until_cancelled(poll_fn(|cx| tx.poll_room(cx)))
+            .await
+        {
+            None => return Stop::Cancelled,
+            Some(Err(Gone)) => return Stop::ConsumerGone,
+            Some(Ok(room)) => room.min(MAX_BATCH),
+        };
+        // Wait for the first item of the turn.
+        let taken = watch
+            .run_until_cancelled(poll_fn(|cx| input.poll_take(cx, room, &mut batch)))
+            .await;
+        match taken {
+            None => return Stop::Cancelled,
+            Some(false) => return Stop::InputEnded(input.caught()),
+            Some(true) => {}
+        }
+        // One unit of tokio's cooperative budget per turn (the channel takes none): a stage
+        // whose input is always ready and whose output always has room (a filter that keeps
+        // few items, a consumer on another thread) still lets other tasks run.
+        tokio::task::coop::consume_budget().await;
+        let mut left = room - batch.len();
+        // The items of the turn, in one poll loop (no await point per item).
+        let turn = poll_fn(|cx| {
+            loop {
+                if let Some(running) = call.as_mut().as_pin_mut() {
+                    match running.poll(cx) {
+                        Poll::Ready(output) => {
+                            call.set(None);
+                            if let Some(output) = output {
+                                done.push_back(output);
+                            }
+                        }
+                        Poll::Pending => {
+                            // The call waits: hand on what is done first, so that it does not
+                            // wait behind a slow item. A consumer gone is seen at the next
+                            // push.
+                            let _ = tx.push(done);
+                            watch.register(cx.waker());
+                            if watch.is_cancelled() {
+                                return Poll::Ready(Turn::Cancelled);
+                            }
+                            return Poll::Pending;
+                        }
+                    }
+                }
+                if watch.is_cancelled() {
+                    return Poll::Ready(Turn::Cancelled);
+                }
+                if let Some(item) = batch.pop_front() {
+                    call.set(Some(step(item)));
+                    continue;
+                }
+                if left == 0 {
+                    return Poll::Ready(Turn::Over);
+                }
+                // More that is ready now (never waited for). A stream input hands over one
+                // item a call, so the items it gave before a panic in its `poll_next` are
+                // already done.
+                match input.poll_take(cx, left, &mut batch) {
+                    Poll::Ready(true) => left -= batch.len(),
+                    Poll::Ready(false) => return Poll::Ready(Turn::InputEnded),
+                    Poll::Pending => return Poll::Ready(Turn::Over),
+                }
+            }
+        })
+        .await;
+        let pushed = tx.push(done);
+        match turn {
+            Turn::Cancelled => return Stop::Cancelled,
+            Turn::InputEnded => return Stop::InputEnded(input.caught()),
+            Turn::Over if pushed.is_err() => return Stop::ConsumerGone,
+            Turn::Over => {}
+        }
+    }
+}
+
+/// How one turn of a stage's loop ended.
+enum Turn {
+    /// The room was used up, or the input had nothing more ready.
+    Over,
+    InputEnded,
+    Cancelled,
+}
+
+/// What a stage reads: a [`Stage`] (taken from in batches) or any other stream.
+trait Input {
+    type Item;
+
+    /// Moves up to `max` items that are ready into `into`. `Ready(true)`: at least one;
+    /// `Ready(false)`: the input ended; `Pending`: none yet (the task will be woken).
+    fn poll_take(
+        &mut self,
+        cx: &mut Context<'_>,
+        max: usize,
+        into: &mut VecDeque<Self::Item>,
+    ) -> Poll<bool>;
+
+    /// After the input ended: the panic upstream that ended it, if one did.
+    fn caught(&mut self) -> Option<PanicError>;
+}
+
+/// A [`Stage`] read directly: its channel hands over everything it has in one go.
+struct StageInput<T>(Stage<T>);
+
+impl<T> Input for StageInput<T> {
+    type Item = T;
+
+    fn poll_take(
+        &mut self,
+        cx: &mut Context<'_>,
+        max: usize,
+        into: &mut VecDeque<T>,
+    ) -> Poll<bool> {
+        self.0.poll_take(cx, max, into)
+    }
+
+    fn caught(&mut self) -> Option<PanicError> {
+        self.0.end().and_then(StageEnd::panic).cloned()
+    }
+}
+
+pin_project! {
+    // Any other stream, polled with `LISTEN` set: a `Stage` inside it (in an adapter such as
+    // `map` or `chain`) that ended because of a panic leaves the panic in `caught`.
+    struct AnyInput<S> {
+        #[pin]
+        input: S,
+        caught: Option<PanicError>,
+        ended: bool,
+    }
+}
+
+impl<S: Stream> Input for Pin<&mut AnyInput<S>> {
+    type Item = S::Item;
+
+    fn poll_take(
+        &mut self,
+        cx: &mut Context<'_>,
+        max: usize,
+        into: &mut VecDeque<S::Item>,
+    ) -> Poll<bool> {
+        let this = self.as_mut().project();
+        if *this.ended {
+            return Poll::Ready(false);
+        }
+        // One item a call (see `run_loop`); `max` is at least one.
+        let _ = max;
+        let listening = Listening::start();
+        let polled = this.input.poll_next(cx);
+        if let Some(panic) = heard_panic() {
+            this.caught.get_or_insert(panic);
+        }
+        drop(listening);
+        match polled {
+            Poll::Ready(Some(item)) => {
+                into.push_back(item);
+                Poll::Ready(true)
+            }
+            Poll::Ready(None) => {
+                // A stream that ended is not polled again (it need not be fused).
+                *this.ended = true;
+                Poll::Ready(false)
+            }
+            Poll::Pending => Poll::Pending,
+        }
+    }
+
+    fn caught(&mut self) -> Option<PanicError> {
+        self.as_mut().project().caught.take()
+    }
+}

@@ -1,0 +1,189 @@
+//! The batched hand-off between stages: what a stage holds, when it hands on, and what is
+//! kept on a cancel, a panic or a consumer that leaves.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use futures::StreamExt;
+use taskweave_pipeline::{Pipeline, PipelineExt, StageEnd};
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+
+use crate::{alive_tasks, assert_no_leaked_tasks};
+
+/// Waits on the paused clock until `done` holds, failing (instead of hanging) after a
+/// second of virtual time.
+async fn eventually(what: &str, mut done: impl FnMut() -> bool) {
+    let waited = tokio::time::timeout(Duration::from_secs(1), async {
+        while !done() {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    })
+    .await;
+    assert!(waited.is_ok(), "never happened: {what}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn room_comes_back_with_each_item_the_consumer_takes_not_with_each_batch() {
+    let p = Pipeline::new(CancellationToken::new()).with_capacity(4);
+    let mut out = p.iter(0..100_u32).spawn_map(&p, |n| async move { n });
+    eventually("the map's output fills", || out.len() == 4).await;
+    // The consumer moves the four into its own buffer and yields one; the one room it made
+    // lets the map send one more, although three of the batch are still unread.
+    assert_eq!(out.next().await, Some(0));
+    assert_eq!(out.len(), 3);
+    eventually("the map sends into the room of one item", || out.len() == 4).await;
+    let rest: Vec<u32> = out.take(5).collect().await;
+    assert_eq!(rest, [1, 2, 3, 4, 5]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_consumer_that_waits_on_the_producer_after_one_item_is_not_stuck() {
+    // The consumer takes one item, then waits for something the source does only after it
+    // sent the next (capacity + 1)th item. Room counted per batch would deadlock here.
+    let p = Pipeline::new(CancellationToken::new()).with_capacity(3);
+    let pulled = Arc::new(AtomicUsize::new(0));
+    let counter = Arc::clone(&pulled);
+    let mut out = p.iter((0..10_u32).inspect(move |_| {
+        counter.fetch_add(1, Ordering::SeqCst);
+    }));
+    eventually("the source fills its output", || out.len() == 3).await;
+    assert_eq!(out.next().await, Some(0));
+    eventually("the source pulls item 3 into the freed room", || {
+        pulled.load(Ordering::SeqCst) >= 4
+    })
+    .await;
+    assert_eq!(out.collect::<Vec<_>>().await, [1, 2, 3, 4, 5, 6, 7, 8, 9]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_call_that_waits_hands_on_the_items_finished_before_it() {
+    let gate = Arc::new(Semaphore::new(0));
+    let p = Pipeline::new(CancellationToken::new()).with_capacity(8);
+    let opened = Arc::clone(&gate);
+    let mut out = p.iter(0..5_u32).spawn_map(&p, move |n| {
+        let gate = Arc::clone(&opened);
+        async move {
+            if n == 2 {
+                gate.acquire().await.unwrap().forget();
+            }
+            n
+        }
+    });
+    // 0 and 1 were taken in the same batch as 2, and arrive while 2 waits.
+    assert_eq!(out.next().await, Some(0));
+    assert_eq!(out.next().await, Some(1));
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    assert!(out.is_empty(), "nothing passes the waiting call");
+    gate.add_permits(1);
+    assert_eq!(out.collect::<Vec<_>>().await, [2, 3, 4]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_cancel_between_two_items_of_a_batch_keeps_the_items_finished() {
+    let baseline = alive_tasks();
+    let token = CancellationToken::new();
+    let p = Pipeline::new(token.clone()).with_capacity(8);
+    let canceller = token.clone();
+    let mut out = p.iter(0..8_u32).spawn_map(&p, move |n| {
+        // Item 1 cancels the pipeline and finishes; the stage stops before item 2.
+        if n == 1 {
+            canceller.cancel();
+        }
+        async move { n * 10 }
+    });
+    let got: Vec<u32> = (&mut out).collect().await;
+    assert_eq!(got, [0, 10], "the two finished items, then the end");
+    assert!(matches!(out.end(), Some(StageEnd::Cancelled)));
+    assert_no_leaked_tasks(baseline).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_panic_in_the_middle_of_a_batch_keeps_the_items_finished_before_it() {
+    let p = Pipeline::new(CancellationToken::new()).with_capacity(16);
+    let mut out = p.iter(0..10_u32).spawn_filter(&p.named("picky"), |n| {
+        assert!(*n != 6, "six");
+        n % 2 == 0
+    });
+    assert_eq!((&mut out).collect::<Vec<_>>().await, [0, 2, 4]);
+    let panic = out.end().and_then(StageEnd::panic).expect("the panic");
+    assert_eq!((panic.name().as_ref(), panic.message()), ("picky", "six"));
+}
+
+/// An item that counts its drops.
+struct Counted(Arc<AtomicUsize>);
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        self.0.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn items_left_in_buffers_when_the_consumer_leaves_are_dropped_exactly_once() {
+    let baseline = alive_tasks();
+    let made = Arc::new(AtomicUsize::new(0));
+    let dropped = Arc::new(AtomicUsize::new(0));
+    let p = Pipeline::new(CancellationToken::new()).with_capacity(4);
+    let (m, d) = (Arc::clone(&made), Arc::clone(&dropped));
+    let mut out = p
+        .iter((0..1_000).map(move |_| {
+            m.fetch_add(1, Ordering::SeqCst);
+            Counted(Arc::clone(&d))
+        }))
+        .spawn_map(&p, |item| async move { item })
+        .spawn_filter(&p, |_| true);
+    // Every buffer fills: the consumer's own, the queues, the items a stage took.
+    eventually("the last output fills", || out.len() == 4).await;
+    drop(out.next().await);
+    drop(out);
+    assert_no_leaked_tasks(baseline).await;
+    let made = made.load(Ordering::SeqCst);
+    assert!(made > 4, "made {made}");
+    assert_eq!(
+        dropped.load(Ordering::SeqCst),
+        made,
+        "every item dropped once"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_stage_reading_an_adapter_over_a_stage_batches_and_keeps_order() {
+    // The input is not a `Stage` (a `map` over one): the stage takes what is ready one
+    // `poll_next` at a time, and hands on in batches all the same.
+    let p = Pipeline::new(CancellationToken::new()).with_capacity(5);
+    let got: Vec<u64> = p
+        .iter(0..1_000_u64)
+        .map(|n| n + 1)
+        .spawn_map(&p, |n| async move { n * 2 })
+        .spawn_filter(&p, |n| n % 3 != 0)
+        .collect()
+        .await;
+    let expected: Vec<u64> = (0..1_000_u64)
+        .map(|n| (n + 1) * 2)
+        .filter(|n| n % 3 != 0)
+        .collect();
+    assert_eq!(got, expected);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stages_on_two_threads_hand_over_every_item_in_order_at_every_capacity() {
+    for capacity in [1, 2, 3, 7, 64] {
+        let p = Pipeline::new(CancellationToken::new()).with_capacity(capacity);
+        let got: Vec<u64> = p
+            .iter(0..20_000_u64)
+            .spawn_map(&p, |n| async move { n + 1 })
+            .spawn_filter(&p, |n| n % 5 != 0)
+            .spawn_map(&p, |n| async move {
+                if n % 1_000 == 0 {
+                    tokio::task::yield_now().await;
+                }
+                n
+            })
+            .collect()
+            .await;
+        let expected: Vec<u64> = (1..=20_000_u64).filter(|n| n % 5 != 0).collect();
+        assert_eq!(got, expected, "capacity {capacity}");
+    }
+}
