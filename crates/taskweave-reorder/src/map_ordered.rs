@@ -68,8 +68,9 @@ pub const MAX_CONCURRENCY: usize = 1 << 16;
 ///
 /// - **Order**: result `k` is yielded after results `0..k`, whatever order the calls finish
 ///   in.
-/// - **Runs ahead of the consumer**: the calls run on `concurrency` worker tasks, not inside
-///   the consumer's poll. A consumer that awaits something else in its loop does not stall
+/// - **Runs ahead of the consumer**: the calls run on `concurrency` worker tasks (fewer when
+///   the input's `size_hint` promises fewer items: no worker is spawned that could never get
+///   one), not inside the consumer's poll. A consumer that awaits something else in its loop does not stall
 ///   them (futures' `buffered(n)` only makes progress while it is polled). At most
 ///   `2 × concurrency` items are between the input and the consumer (running, or finished and
 ///   waiting for an earlier one): a slow item holds the others back by at most that many,
@@ -139,10 +140,17 @@ where
     });
     // Never full: at most `window` items are between the input and the consumer.
     let (done_tx, done_rx) = async_channel::bounded::<Indexed<Fut::Output>>(window);
+    // No more workers than the input says it has items: each costs a spawn and a token watch.
+    // A stream that yields more than its upper bound still has every item mapped, by fewer
+    // workers.
+    let workers = match input.size_hint() {
+        (_, Some(upper)) => concurrency.min(upper.max(1)),
+        (_, None) => concurrency,
+    };
     // The workers take turns reading the input: no feeder task, no hop through a queue.
     let input = Arc::new(SharedInput::new(input));
     let f = Arc::new(f);
-    for worker in 0..concurrency {
+    for worker in 0..workers {
         let (input, gate, done_tx, f) = (
             Arc::clone(&input),
             Arc::clone(&gate),

@@ -41,6 +41,54 @@ async fn results_keep_input_order_with_at_most_concurrency_calls_running() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn no_more_workers_than_the_input_promises_items_and_a_stream_that_breaks_its_promise_is_still_mapped()
+ {
+    let baseline = alive_tasks();
+    let out = map_ordered(
+        CancellationToken::new(),
+        futures::stream::iter(0..3_u64),
+        1_000,
+        |n| async move { n + 1 },
+    );
+    assert_eq!(
+        alive_tasks() - baseline,
+        3,
+        "one worker per item, not 1,000"
+    );
+    let got: Vec<u64> = out.map(Result::unwrap).collect().await;
+    assert_eq!(got, [1, 2, 3]);
+    assert_no_leaked_tasks(baseline).await;
+
+    // A stream whose size_hint promises one item and yields five: fewer workers, every item.
+    struct Understated(std::ops::Range<u64>);
+    impl futures::Stream for Understated {
+        type Item = u64;
+        fn poll_next(
+            mut self: std::pin::Pin<&mut Self>,
+            _: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<Option<u64>> {
+            std::task::Poll::Ready(self.0.next())
+        }
+        fn size_hint(&self) -> (usize, Option<usize>) {
+            (0, Some(1))
+        }
+    }
+    let got: Vec<u64> = map_ordered(
+        CancellationToken::new(),
+        Understated(0..5),
+        8,
+        |n| async move {
+            tokio::task::yield_now().await;
+            n * 10
+        },
+    )
+    .map(Result::unwrap)
+    .collect()
+    .await;
+    assert_eq!(got, [0, 10, 20, 30, 40]);
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_slow_item_holds_the_input_back_by_at_most_twice_the_concurrency() {
     let read = Arc::new(AtomicUsize::new(0));
     let counter = Arc::clone(&read);
