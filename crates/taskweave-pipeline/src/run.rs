@@ -5,9 +5,12 @@
 //! that many items that the input has *ready now* (never waiting to fill a batch), runs the
 //! step on them one at a time and pushes the results under one lock and one wake-up. So:
 //! - one item at a time still goes straight through (a batch of one, no waiting for more);
-//! - everything the stage holds has a place in its output, so the capacity still bounds
-//!   the items between two stages (plus the one in the step, as before);
-//! - a step that has to wait (an async call that is pending) first hands on what is done;
+//! - everything the stage holds, the item in its step included, has a place in its output,
+//!   so the capacity still bounds the items between two stages;
+//! - a step that has to wait (an async call that is pending) first hands on what is done,
+//!   and so does every finished item while the reader is parked waiting for one (a slow
+//!   step that never waits does not hold a batch back);
+//! - one unit of tokio's cooperative budget per item, as before batching;
 //! - the token is checked before every item and while a step waits, so a cancel stops the
 //!   stage within one item. The results already computed are pushed before the stage ends
 //!   (on a cancel and after a panic too): an item the stage finished is never lost. Items
@@ -34,7 +37,7 @@ use crate::stage::{Listening, Shared, StageEnd, heard_panic};
 use crate::{Pipeline, Stage};
 
 /// The most items one turn of a stage's loop moves: bounds the results a stage holds
-/// before it pushes them, and the items between two units of tokio's cooperative budget.
+/// before it pushes them.
 const MAX_BATCH: usize = 256;
 
 /// How the loop of a stage stopped.
@@ -86,7 +89,6 @@ where
             ended: false,
         };
         let task = async move {
-            let input = pin!(input);
             stage_task(name, input, step, tx, watch, shared).await;
         };
         drop(taskweave_supervise::spawn(task_name, task));
@@ -136,7 +138,7 @@ async fn stage_task<I, F, Fut, O>(
 }
 
 async fn run_loop<I, F, Fut, O>(
-    mut input: I,
+    input: I,
     mut step: F,
     tx: &chan::Sender<O>,
     watch: &TokenWatch,
@@ -147,6 +149,9 @@ where
     F: FnMut(I::Item) -> Fut,
     Fut: Future<Output = Option<O>>,
 {
+    // Pinned here, inside `catch_panic`: the input is dropped in the catch (its `Drop`, user
+    // code, may panic), before the stage records its end.
+    let mut input = pin!(input);
     let mut batch = VecDeque::new();
     // The call of `step` in flight, kept across polls when it waits.
     let mut call = pin!(None::<Fut>);
@@ -161,17 +166,13 @@ where
         };
         // Wait for the first item of the turn.
         let taken = watch
-            .run_until_cancelled(poll_fn(|cx| input.poll_take(cx, room, &mut batch)))
+            .run_until_cancelled(poll_fn(|cx| input.as_mut().poll_take(cx, room, &mut batch)))
             .await;
         match taken {
             None => return Stop::Cancelled,
-            Some(false) => return Stop::InputEnded(input.caught()),
+            Some(false) => return Stop::InputEnded(input.as_mut().caught()),
             Some(true) => {}
         }
-        // One unit of tokio's cooperative budget per turn (the channel takes none): a stage
-        // whose input is always ready and whose output always has room (a filter that keeps
-        // few items, a consumer on another thread) still lets other tasks run.
-        tokio::task::coop::consume_budget().await;
         let mut left = room - batch.len();
         // The items of the turn, in one poll loop (no await point per item).
         let turn = poll_fn(|cx| {
@@ -182,6 +183,12 @@ where
                             call.set(None);
                             if let Some(output) = output {
                                 done.push_back(output);
+                                // A reader waiting for items gets this one now, not at the
+                                // end of the turn (a slow step that never waits would
+                                // otherwise hold a whole batch back).
+                                if tx.receiver_parked() {
+                                    let _ = tx.push(done);
+                                }
                             }
                         }
                         Poll::Pending => {
@@ -200,8 +207,20 @@ where
                 if watch.is_cancelled() {
                     return Poll::Ready(Turn::Cancelled);
                 }
-                if let Some(item) = batch.pop_front() {
-                    call.set(Some(step(item)));
+                if !batch.is_empty() {
+                    // One unit of tokio's cooperative budget per item (the channel takes
+                    // none): a stage whose input is always ready and whose output always has
+                    // room (a filter that keeps few items, a consumer on another thread)
+                    // still lets the other tasks of its thread run. Out of budget, it hands
+                    // on what is done and yields; the turn goes on at the next poll.
+                    let Poll::Ready(budget) = tokio::task::coop::poll_proceed(cx) else {
+                        let _ = tx.push(done);
+                        return Poll::Pending;
+                    };
+                    budget.made_progress();
+                    if let Some(item) = batch.pop_front() {
+                        call.set(Some(step(item)));
+                    }
                     continue;
                 }
                 if left == 0 {
@@ -210,7 +229,7 @@ where
                 // More that is ready now (never waited for). A stream input hands over one
                 // item a call, so the items it gave before a panic in its `poll_next` are
                 // already done.
-                match input.poll_take(cx, left, &mut batch) {
+                match input.as_mut().poll_take(cx, left, &mut batch) {
                     Poll::Ready(true) => left -= batch.len(),
                     Poll::Ready(false) => return Poll::Ready(Turn::InputEnded),
                     Poll::Pending => return Poll::Ready(Turn::Over),
@@ -221,7 +240,7 @@ where
         let pushed = tx.push(done);
         match turn {
             Turn::Cancelled => return Stop::Cancelled,
-            Turn::InputEnded => return Stop::InputEnded(input.caught()),
+            Turn::InputEnded => return Stop::InputEnded(input.as_mut().caught()),
             Turn::Over if pushed.is_err() => return Stop::ConsumerGone,
             Turn::Over => {}
         }
@@ -243,14 +262,14 @@ trait Input {
     /// Moves up to `max` items that are ready into `into`. `Ready(true)`: at least one;
     /// `Ready(false)`: the input ended; `Pending`: none yet (the task will be woken).
     fn poll_take(
-        &mut self,
+        self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         max: usize,
         into: &mut VecDeque<Self::Item>,
     ) -> Poll<bool>;
 
     /// After the input ended: the panic upstream that ended it, if one did.
-    fn caught(&mut self) -> Option<PanicError>;
+    fn caught(self: Pin<&mut Self>) -> Option<PanicError>;
 }
 
 /// A [`Stage`] read directly: its channel hands over everything it has in one go.
@@ -260,15 +279,16 @@ impl<T> Input for StageInput<T> {
     type Item = T;
 
     fn poll_take(
-        &mut self,
+        self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         max: usize,
         into: &mut VecDeque<T>,
     ) -> Poll<bool> {
-        self.0.poll_take(cx, max, into)
+        // `Stage` is `Unpin`.
+        self.get_mut().0.poll_take(cx, max, into)
     }
 
-    fn caught(&mut self) -> Option<PanicError> {
+    fn caught(self: Pin<&mut Self>) -> Option<PanicError> {
         self.0.end().and_then(StageEnd::panic).cloned()
     }
 }
@@ -284,16 +304,16 @@ pin_project! {
     }
 }
 
-impl<S: Stream> Input for Pin<&mut AnyInput<S>> {
+impl<S: Stream> Input for AnyInput<S> {
     type Item = S::Item;
 
     fn poll_take(
-        &mut self,
+        self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         max: usize,
         into: &mut VecDeque<S::Item>,
     ) -> Poll<bool> {
-        let this = self.as_mut().project();
+        let this = self.project();
         if *this.ended {
             return Poll::Ready(false);
         }
@@ -319,7 +339,7 @@ impl<S: Stream> Input for Pin<&mut AnyInput<S>> {
         }
     }
 
-    fn caught(&mut self) -> Option<PanicError> {
-        self.as_mut().project().caught.take()
+    fn caught(self: Pin<&mut Self>) -> Option<PanicError> {
+        self.project().caught.take()
     }
 }

@@ -110,8 +110,9 @@ pub(crate) fn heard_panic() -> Option<PanicError> {
 /// - **Hand-off in batches**: the stage takes every item its input has ready (up to the
 ///   room in its output), runs its function on each in turn and hands the results on in
 ///   one push; the `Stage` takes everything queued in one go. Nothing waits to fill a batch:
-///   one item at a time goes straight through, and a call that has to wait first hands on
-///   the items finished before it.
+///   one item at a time goes straight through, a call that has to wait first hands on the
+///   items finished before it, and while the reader waits each item is handed on as soon
+///   as it is finished.
 /// - **End**: the stream ends once the stage's task has recorded why it stopped (see
 ///   [`end`](Self::end)) and closed the channel, and every item already in the channel was
 ///   taken: after the input ended, the token was cancelled, or a stage panicked. After a

@@ -82,3 +82,22 @@ fn a_receiver_dropped_while_the_sender_waits_for_room_releases_it() {
         assert!(sender.join().unwrap().is_err());
     });
 }
+
+/// Capacity two: the receiver yields from a buffer of two while the sender waits for the
+/// room of one; the first yield must wake it.
+#[test]
+fn the_first_yield_from_a_full_buffer_wakes_the_waiting_sender() {
+    bounded_model(|| {
+        let (tx, mut rx) = bounded(2);
+        let sender = thread::spawn(move || {
+            tx.push(&mut VecDeque::from([0, 1])).unwrap();
+            block_on(poll_fn(|cx| tx.poll_room(cx))).unwrap();
+            tx.push(&mut VecDeque::from([2])).unwrap();
+        });
+        assert_eq!(next(&mut rx), Some(0));
+        assert_eq!(next(&mut rx), Some(1));
+        assert_eq!(next(&mut rx), Some(2));
+        assert_eq!(next(&mut rx), None);
+        sender.join().unwrap();
+    });
+}

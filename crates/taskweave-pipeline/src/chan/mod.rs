@@ -33,11 +33,11 @@ use std::mem;
 use std::task::{Context, Poll, Waker};
 
 #[cfg(all(test, taskweave_loom))]
-use loom::sync::atomic::{AtomicUsize, Ordering};
+use loom::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 #[cfg(all(test, taskweave_loom))]
 use loom::sync::{Arc, Mutex, MutexGuard};
 #[cfg(not(all(test, taskweave_loom)))]
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 #[cfg(not(all(test, taskweave_loom)))]
 use std::sync::{Arc, Mutex};
 #[cfg(not(all(test, taskweave_loom)))]
@@ -55,6 +55,10 @@ struct Shared<T> {
     /// Items queued plus items in the receiver's buffer; `SENDER_WAITING` on top.
     count: AtomicUsize,
     capacity: usize,
+    /// The receiver registered its waker and waits for a push: a hint for the sender to
+    /// hand on what it has now rather than at the end of its turn. Only a hint: no wake-up
+    /// rests on it (those go through `state`).
+    rx_parked: AtomicBool,
     state: Mutex<State<T>>,
 }
 
@@ -77,6 +81,7 @@ pub(crate) fn bounded<T>(capacity: usize) -> (Sender<T>, Receiver<T>) {
     let shared = Arc::new(Shared {
         count: AtomicUsize::new(0),
         capacity,
+        rx_parked: AtomicBool::new(false),
         state: Mutex::new(State {
             queue: VecDeque::new(),
             rx_waker: None,
@@ -91,9 +96,16 @@ pub(crate) fn bounded<T>(capacity: usize) -> (Sender<T>, Receiver<T>) {
         },
         Receiver {
             shared,
-            buffer: VecDeque::new(),
+            buffer: std::sync::Mutex::new(VecDeque::new()),
         },
     )
+}
+
+/// The receiver's own buffer: its mutex is never locked (see `Receiver::buffer`).
+fn own<T>(buffer: &mut std::sync::Mutex<VecDeque<T>>) -> &mut VecDeque<T> {
+    buffer
+        .get_mut()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// Stores `waker` in `slot` unless the one there already wakes the same task. `fresh` was
@@ -168,12 +180,21 @@ impl<T> Sender<T> {
                 state.queue.append(items);
             }
             self.shared.count.fetch_add(n, Ordering::AcqRel);
+            self.shared.rx_parked.store(false, Ordering::Relaxed);
             state.rx_waker.take()
         };
         if let Some(waker) = waker {
             waker.wake();
         }
         Ok(())
+    }
+}
+
+impl<T> Sender<T> {
+    /// `true` while the receiver waits for items (see `Shared::rx_parked`).
+    #[inline]
+    pub(crate) fn receiver_parked(&self) -> bool {
+        self.shared.rx_parked.load(Ordering::Acquire)
     }
 }
 
@@ -193,8 +214,10 @@ impl<T> Drop for Sender<T> {
 pub(crate) struct Receiver<T> {
     shared: Arc<Shared<T>>,
     /// Items taken from the queue in one go, yielded from here without the lock; still
-    /// counted in `count` until yielded.
-    buffer: VecDeque<T>,
+    /// counted in `count` until yielded. Only ever reached through `&mut self`
+    /// (`Mutex::get_mut`, which takes no lock): the mutex is there so that `Stage<T>` is
+    /// `Sync` whenever `T: Send`, as a bare `VecDeque<T>` is only when `T: Sync`.
+    buffer: std::sync::Mutex<VecDeque<T>>,
 }
 
 impl<T> Receiver<T> {
@@ -245,7 +268,8 @@ impl<T> Receiver<T> {
     /// Refills the empty buffer. `Ready(false)`: the sender is gone and nothing is left;
     /// `Pending`: nothing yet, and the task is woken by the next push or by the close.
     fn poll_refill(&mut self, cx: &mut Context<'_>) -> Poll<bool> {
-        if let Some(refilled) = Self::try_refill(&mut self.buffer, &mut lock(&self.shared.state)) {
+        let buffer = own(&mut self.buffer);
+        if let Some(refilled) = Self::try_refill(buffer, &mut lock(&self.shared.state)) {
             return Poll::Ready(refilled);
         }
         // Nothing there: register, with a waker cloned outside the lock, and look again
@@ -253,9 +277,10 @@ impl<T> Receiver<T> {
         let fresh = cx.waker().clone();
         let replaced = {
             let mut state = lock(&self.shared.state);
-            if let Some(refilled) = Self::try_refill(&mut self.buffer, &mut state) {
+            if let Some(refilled) = Self::try_refill(buffer, &mut state) {
                 return Poll::Ready(refilled);
             }
+            self.shared.rx_parked.store(true, Ordering::Release);
             store_waker(&mut state.rx_waker, fresh)
         };
         drop(replaced);
@@ -264,14 +289,14 @@ impl<T> Receiver<T> {
 
     /// The next item, in order.
     pub(crate) fn poll_next(&mut self, cx: &mut Context<'_>) -> Poll<Option<T>> {
-        if self.buffer.is_empty() {
+        if own(&mut self.buffer).is_empty() {
             match self.poll_refill(cx) {
                 Poll::Pending => return Poll::Pending,
                 Poll::Ready(false) => return Poll::Ready(None),
                 Poll::Ready(true) => {}
             }
         }
-        let item = self.buffer.pop_front();
+        let item = own(&mut self.buffer).pop_front();
         debug_assert!(item.is_some());
         if item.is_some() {
             self.release(1);
@@ -288,22 +313,23 @@ impl<T> Receiver<T> {
         into: &mut VecDeque<T>,
     ) -> Poll<bool> {
         debug_assert!(max > 0);
-        if self.buffer.is_empty() {
+        if own(&mut self.buffer).is_empty() {
             match self.poll_refill(cx) {
                 Poll::Pending => return Poll::Pending,
                 Poll::Ready(false) => return Poll::Ready(false),
                 Poll::Ready(true) => {}
             }
         }
-        let n = self.buffer.len().min(max);
-        if n == self.buffer.len() && into.is_empty() {
-            mem::swap(&mut self.buffer, into);
+        let buffer = own(&mut self.buffer);
+        let n = buffer.len().min(max);
+        if n == buffer.len() && into.is_empty() {
+            mem::swap(buffer, into);
         } else {
             // `extend(drain(..n))` goes through the generic per-item path; this is a tight
             // loop after one reservation.
             into.reserve(n);
             for _ in 0..n {
-                if let Some(item) = self.buffer.pop_front() {
+                if let Some(item) = buffer.pop_front() {
                     into.push_back(item);
                 }
             }

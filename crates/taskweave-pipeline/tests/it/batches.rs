@@ -71,9 +71,13 @@ async fn a_call_that_waits_hands_on_the_items_finished_before_it() {
             n
         }
     });
-    // 0 and 1 were taken in the same batch as 2, and arrive while 2 waits.
-    assert_eq!(out.next().await, Some(0));
-    assert_eq!(out.next().await, Some(1));
+    // 0 and 1 were taken in the same batch as 2, and arrive while 2 waits (on the paused
+    // clock, a missing hand-on fails the timeout instead of hanging).
+    let first_two = tokio::time::timeout(
+        Duration::from_secs(1),
+        (&mut out).take(2).collect::<Vec<_>>(),
+    );
+    assert_eq!(first_two.await.expect("0 and 1 held back"), [0, 1]);
     tokio::time::sleep(Duration::from_millis(10)).await;
     assert!(out.is_empty(), "nothing passes the waiting call");
     gate.add_permits(1);
@@ -149,9 +153,9 @@ async fn items_left_in_buffers_when_the_consumer_leaves_are_dropped_exactly_once
 }
 
 #[tokio::test(start_paused = true)]
-async fn a_stage_reading_an_adapter_over_a_stage_batches_and_keeps_order() {
+async fn a_stage_reading_an_adapter_over_a_stage_keeps_order_and_every_item() {
     // The input is not a `Stage` (a `map` over one): the stage takes what is ready one
-    // `poll_next` at a time, and hands on in batches all the same.
+    // `poll_next` at a time, the other input path.
     let p = Pipeline::new(CancellationToken::new()).with_capacity(5);
     let got: Vec<u64> = p
         .iter(0..1_000_u64)
@@ -186,4 +190,73 @@ async fn stages_on_two_threads_hand_over_every_item_in_order_at_every_capacity()
         let expected: Vec<u64> = (1..=20_000_u64).filter(|n| n % 5 != 0).collect();
         assert_eq!(got, expected, "capacity {capacity}");
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_step_that_never_waits_hands_each_item_to_a_reader_that_waits() {
+    // Item 1's step blocks its thread until the reader has item 0: a stage that held its
+    // finished items to the end of the turn would never hand item 0 on.
+    let (seen_tx, seen_rx) = std::sync::mpsc::channel::<()>();
+    let seen_rx = std::sync::Mutex::new(seen_rx);
+    let (feed, feed_rx) = futures::channel::mpsc::unbounded::<u32>();
+    let p = Pipeline::new(CancellationToken::new()).with_capacity(8);
+    let mut out = p.stream(feed_rx).spawn_map(&p, move |n| {
+        if n == 1 {
+            let seen = seen_rx
+                .lock()
+                .unwrap()
+                .recv_timeout(Duration::from_secs(10));
+            assert!(seen.is_ok(), "item 0 was held back while item 1 ran");
+        }
+        std::future::ready(n)
+    });
+    // The reader waits first (nothing was sent), then the three items arrive together.
+    assert!(futures::poll!(out.next()).is_pending());
+    for n in 0..3 {
+        feed.unbounded_send(n).unwrap();
+    }
+    assert_eq!(out.next().await, Some(0));
+    seen_tx.send(()).unwrap();
+    drop(feed);
+    assert_eq!(out.collect::<Vec<_>>().await, [1, 2]);
+}
+
+/// A stream that is always ready, and panics when dropped.
+struct PanicsWhenDropped;
+
+impl futures::Stream for PanicsWhenDropped {
+    type Item = u8;
+
+    fn poll_next(
+        self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<u8>> {
+        std::task::Poll::Ready(Some(1))
+    }
+}
+
+impl Drop for PanicsWhenDropped {
+    fn drop(&mut self) {
+        panic!("input dropped");
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_panic_dropping_the_input_is_the_stage_panic_reported_before_the_end() {
+    let baseline = alive_tasks();
+    let token = CancellationToken::new();
+    let p = Pipeline::new(token.clone()).with_capacity(2);
+    let mut out = p.named("src").stream(PanicsWhenDropped);
+    eventually("the source fills its output", || out.len() == 2).await;
+    token.cancel();
+    assert_eq!((&mut out).collect::<Vec<_>>().await, [1, 1]);
+    let panic = out
+        .end()
+        .and_then(StageEnd::panic)
+        .expect("reported, not just logged");
+    assert_eq!(
+        (panic.name().as_ref(), panic.message()),
+        ("src", "input dropped")
+    );
+    assert_no_leaked_tasks(baseline).await;
 }

@@ -149,7 +149,7 @@ async fn a_stage_runs_at_most_its_capacity_ahead_of_a_consumer_that_does_not_rea
     for _ in 0..100 {
         tokio::task::yield_now().await;
     }
-    // Two in each output channel, one held by each task waiting to send.
+    // Two in each output channel; a stage takes items only into the room of its output.
     let ahead = produced.load(Ordering::SeqCst);
     assert!((2..=6).contains(&ahead), "produced {ahead}");
     assert_eq!(out.len(), 2);
