@@ -109,10 +109,19 @@ async fn stage_task<I, F, Fut, O>(
     Fut: Future<Output = Option<O>>,
 {
     // The results not yet pushed live out here, so that a panic in the step (caught below)
-    // does not take the ones already computed with it.
+    // does not take the ones already computed with it. The input and the items taken from it
+    // live out here too: dropped during a step's unwind, a `Drop` of theirs that panics
+    // (user code) would be a panic inside a panic, an abort. They are dropped below instead,
+    // in a catch of their own.
     let mut done = VecDeque::new();
-    let looped = catch_panic(name.clone(), run_loop(input, step, &tx, &watch, &mut done)).await;
-    let end = match looped {
+    let mut batch = VecDeque::new();
+    let mut input = Box::pin(input);
+    let looped = catch_panic(
+        name.clone(),
+        run_loop(input.as_mut(), step, &tx, &watch, &mut done, &mut batch),
+    )
+    .await;
+    let mut end = match looped {
         Err(panic) => StageEnd::Panicked(panic),
         Ok(Stop::InputEnded(Some(panic))) => {
             tracing::debug!(stage = %name, upstream = %panic.name(), "stage ended: a stage upstream panicked");
@@ -131,6 +140,18 @@ async fn stage_task<I, F, Fut, O>(
         let panic = PanicError::from_panic(name.clone(), payload);
         tracing::error!(stage = %name, panic = %panic.message(), "dropping a stage's results panicked: caught");
     }
+    // Before the end is recorded: a panic here is the stage's panic, unless it already had one.
+    let dropped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        drop(batch);
+        drop(input);
+    }));
+    if let Err(payload) = dropped {
+        let panic = PanicError::from_panic(name.clone(), payload);
+        tracing::error!(stage = %name, panic = %panic.message(), "dropping a stage's input panicked: caught");
+        if end.panic().is_none() {
+            end = StageEnd::Panicked(panic);
+        }
+    }
     tracing::debug!(stage = %name, ?end, "stage finished");
     let _ = shared.end.set(end);
     // Closes the output after `end` is set.
@@ -138,21 +159,18 @@ async fn stage_task<I, F, Fut, O>(
 }
 
 async fn run_loop<I, F, Fut, O>(
-    input: I,
+    mut input: Pin<&mut I>,
     mut step: F,
     tx: &chan::Sender<O>,
     watch: &TokenWatch,
     done: &mut VecDeque<O>,
+    batch: &mut VecDeque<I::Item>,
 ) -> Stop
 where
     I: Input,
     F: FnMut(I::Item) -> Fut,
     Fut: Future<Output = Option<O>>,
 {
-    // Pinned here, inside `catch_panic`: the input is dropped in the catch (its `Drop`, user
-    // code, may panic), before the stage records its end.
-    let mut input = pin!(input);
-    let mut batch = VecDeque::new();
     // The call of `step` in flight, kept across polls when it waits.
     let mut call = pin!(None::<Fut>);
     loop {
@@ -166,7 +184,7 @@ where
         };
         // Wait for the first item of the turn.
         let taken = watch
-            .run_until_cancelled(poll_fn(|cx| input.as_mut().poll_take(cx, room, &mut batch)))
+            .run_until_cancelled(poll_fn(|cx| input.as_mut().poll_take(cx, room, batch)))
             .await;
         match taken {
             None => return Stop::Cancelled,
@@ -229,7 +247,7 @@ where
                 // More that is ready now (never waited for). A stream input hands over one
                 // item a call, so the items it gave before a panic in its `poll_next` are
                 // already done.
-                match input.as_mut().poll_take(cx, left, &mut batch) {
+                match input.as_mut().poll_take(cx, left, batch) {
                     Poll::Ready(true) => left -= batch.len(),
                     Poll::Ready(false) => return Poll::Ready(Turn::InputEnded),
                     Poll::Pending => return Poll::Ready(Turn::Over),

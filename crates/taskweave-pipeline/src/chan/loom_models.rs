@@ -84,9 +84,9 @@ fn a_receiver_dropped_while_the_sender_waits_for_room_releases_it() {
 }
 
 /// Capacity two: the receiver yields from a buffer of two while the sender waits for the
-/// room of one; the first yield must wake it.
+/// room of one; a yield wakes it, and every item and the end arrive.
 #[test]
-fn the_first_yield_from_a_full_buffer_wakes_the_waiting_sender() {
+fn yields_from_a_full_buffer_wake_the_sender_waiting_for_room() {
     bounded_model(|| {
         let (tx, mut rx) = bounded(2);
         let sender = thread::spawn(move || {

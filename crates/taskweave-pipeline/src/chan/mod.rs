@@ -155,8 +155,9 @@ impl<T> Sender<T> {
         Poll::Pending
     }
 
-    /// Pushes every item of `items` (no more than the room [`poll_room`](Self::poll_room)
-    /// returned) under one lock and wakes the receiver once. When the receiver is gone the
+    /// Pushes every item of `items` under one lock and wakes the receiver once. All the
+    /// pushes since the last [`poll_room`](Self::poll_room) together carry no more items than
+    /// the room it returned (asserted: a stage that broke this would break the capacity). When the receiver is gone the
     /// items stay in `items`, for the caller to drop.
     pub(crate) fn push(&self, items: &mut VecDeque<T>) -> Result<(), Gone> {
         if items.is_empty() {
@@ -168,9 +169,9 @@ impl<T> Sender<T> {
             if state.rx_closed {
                 return Err(Gone);
             }
-            debug_assert!(
+            assert!(
                 self.len() + n <= self.shared.capacity,
-                "pushed past the room"
+                "taskweave-pipeline: a stage pushed past the room of its output"
             );
             if state.queue.is_empty() {
                 // Usually so (the receiver swapped the queue out): swap back, no copy.
@@ -344,6 +345,8 @@ impl<T> Drop for Receiver<T> {
         let (queue, waker) = {
             let mut state = lock(&self.shared.state);
             state.rx_closed = true;
+            // Nobody waits for items any more: no early pushes for a reader that is gone.
+            self.shared.rx_parked.store(false, Ordering::Relaxed);
             (mem::take(&mut state.queue), state.tx_waker.take())
         };
         if let Some(waker) = waker {

@@ -198,9 +198,12 @@ async fn a_slow_step_that_never_waits_hands_each_item_to_a_reader_that_waits() {
     // finished items to the end of the turn would never hand item 0 on.
     let (seen_tx, seen_rx) = std::sync::mpsc::channel::<()>();
     let seen_rx = std::sync::Mutex::new(seen_rx);
-    let (feed, feed_rx) = futures::channel::mpsc::unbounded::<u32>();
+    // The three items come in one message, so the source pushes them in one go and the map
+    // takes all three in one turn.
+    let (feed, feed_rx) = futures::channel::mpsc::unbounded::<Vec<u32>>();
     let p = Pipeline::new(CancellationToken::new()).with_capacity(8);
-    let mut out = p.stream(feed_rx).spawn_map(&p, move |n| {
+    let source = p.stream(feed_rx.flat_map(futures::stream::iter));
+    let mut out = source.spawn_map(&p, move |n| {
         if n == 1 {
             let seen = seen_rx
                 .lock()
@@ -212,9 +215,7 @@ async fn a_slow_step_that_never_waits_hands_each_item_to_a_reader_that_waits() {
     });
     // The reader waits first (nothing was sent), then the three items arrive together.
     assert!(futures::poll!(out.next()).is_pending());
-    for n in 0..3 {
-        feed.unbounded_send(n).unwrap();
-    }
+    feed.unbounded_send(vec![0, 1, 2]).unwrap();
     assert_eq!(out.next().await, Some(0));
     seen_tx.send(()).unwrap();
     drop(feed);
@@ -258,5 +259,23 @@ async fn a_panic_dropping_the_input_is_the_stage_panic_reported_before_the_end()
         (panic.name().as_ref(), panic.message()),
         ("src", "input dropped")
     );
+    assert_no_leaked_tasks(baseline).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_step_panic_with_an_input_whose_drop_panics_too_is_reported_not_an_abort() {
+    let baseline = alive_tasks();
+    let p = Pipeline::new(CancellationToken::new()).with_capacity(4);
+    let input = futures::stream::iter([0_u8, 1, 2]).chain(PanicsWhenDropped);
+    let mut out = input.spawn_map(&p.named("mapper"), |n| async move {
+        assert!(n != 1, "step");
+        n
+    });
+    assert_eq!((&mut out).collect::<Vec<_>>().await, [0]);
+    let panic = out
+        .end()
+        .and_then(StageEnd::panic)
+        .expect("the step's panic");
+    assert_eq!((panic.name().as_ref(), panic.message()), ("mapper", "step"));
     assert_no_leaked_tasks(baseline).await;
 }
