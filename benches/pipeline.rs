@@ -45,20 +45,15 @@ async fn taskweave_stages_with(capacity: usize) -> u64 {
         .await
 }
 
-/// Four spawned tasks joined by bounded async-channels, written the way one would by hand
-/// (Go's shape: each stage owns its output and stops when its input closes).
-async fn async_channel_stages() -> u64 {
-    let (tx0, rx0) = async_channel::bounded(CAPACITY);
+/// map (`inc`) → filter (`keep`) → map (`double`), three spawned tasks reading `rx0` and
+/// joined by bounded async-channels of `CAPACITY`; returns the last one's output.
+fn async_channel_map_filter_map(
+    rx0: async_channel::Receiver<u64>,
+    keep: fn(&u64) -> bool,
+) -> async_channel::Receiver<u64> {
     let (tx1, rx1) = async_channel::bounded(CAPACITY);
     let (tx2, rx2) = async_channel::bounded(CAPACITY);
     let (tx3, rx3) = async_channel::bounded(CAPACITY);
-    tokio::spawn(async move {
-        for n in 0..ITEMS {
-            if tx0.send(n).await.is_err() {
-                return;
-            }
-        }
-    });
     tokio::spawn(async move {
         while let Ok(n) = rx0.recv().await {
             if tx1.send(inc(n)).await.is_err() {
@@ -80,6 +75,21 @@ async fn async_channel_stages() -> u64 {
             }
         }
     });
+    rx3
+}
+
+/// Four spawned tasks joined by bounded async-channels, written the way one would by hand
+/// (Go's shape: each stage owns its output and stops when its input closes).
+async fn async_channel_stages() -> u64 {
+    let (tx0, rx0) = async_channel::bounded(CAPACITY);
+    tokio::spawn(async move {
+        for n in 0..ITEMS {
+            if tx0.send(n).await.is_err() {
+                return;
+            }
+        }
+    });
+    let rx3 = async_channel_map_filter_map(rx0, keep);
     let mut sum = 0;
     while let Ok(n) = rx3.recv().await {
         sum ^= n;
@@ -165,30 +175,7 @@ async fn taskweave_round_trips() -> u64 {
 
 async fn async_channel_round_trips() -> u64 {
     let (tx, rx0) = async_channel::bounded(1);
-    let (tx1, rx1) = async_channel::bounded(CAPACITY);
-    let (tx2, rx2) = async_channel::bounded(CAPACITY);
-    let (tx3, rx3) = async_channel::bounded(CAPACITY);
-    tokio::spawn(async move {
-        while let Ok(n) = rx0.recv().await {
-            if tx1.send(inc(n)).await.is_err() {
-                return;
-            }
-        }
-    });
-    tokio::spawn(async move {
-        while let Ok(n) = rx1.recv().await {
-            if keep_all(&n) && tx2.send(n).await.is_err() {
-                return;
-            }
-        }
-    });
-    tokio::spawn(async move {
-        while let Ok(n) = rx2.recv().await {
-            if tx3.send(double(n)).await.is_err() {
-                return;
-            }
-        }
-    });
+    let rx3 = async_channel_map_filter_map(rx0, keep_all);
     let mut sum = 0;
     for n in 0..ROUNDS {
         tx.send(n).await.unwrap();

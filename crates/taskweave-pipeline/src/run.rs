@@ -132,30 +132,31 @@ async fn stage_task<I, F, Fut, O>(
     };
     // They fit: the loop took no more items than the output had room for. When the
     // consumer is gone they are dropped, and their `Drop` (user code) may panic.
-    let pushed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+    let _ = catch_drops(&name, "results", || {
         let _ = tx.push(&mut done);
         drop(done);
-    }));
-    if let Err(payload) = pushed {
-        let panic = PanicError::from_panic(name.clone(), payload);
-        tracing::error!(stage = %name, panic = %panic.message(), "dropping a stage's results panicked: caught");
-    }
+    });
     // Before the end is recorded: a panic here is the stage's panic, unless it already had one.
-    let dropped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+    let dropped = catch_drops(&name, "input", || {
         drop(batch);
         drop(input);
-    }));
-    if let Err(payload) = dropped {
-        let panic = PanicError::from_panic(name.clone(), payload);
-        tracing::error!(stage = %name, panic = %panic.message(), "dropping a stage's input panicked: caught");
-        if end.panic().is_none() {
-            end = StageEnd::Panicked(panic);
-        }
+    });
+    if let (Some(panic), None) = (dropped, end.panic()) {
+        end = StageEnd::Panicked(panic);
     }
     tracing::debug!(stage = %name, ?end, "stage finished");
     let _ = shared.end.set(end);
     // Closes the output after `end` is set.
     drop(tx);
+}
+
+/// Runs `drop_them` (drops of user values, whose `Drop` may panic) and catches a panic:
+/// logged with the stage's name, and returned.
+fn catch_drops(name: &TaskName, what: &str, drop_them: impl FnOnce()) -> Option<PanicError> {
+    let payload = std::panic::catch_unwind(std::panic::AssertUnwindSafe(drop_them)).err()?;
+    let panic = PanicError::from_panic(name.clone(), payload);
+    tracing::error!(stage = %name, panic = %panic.message(), "dropping a stage's {what} panicked: caught");
+    Some(panic)
 }
 
 async fn run_loop<I, F, Fut, O>(

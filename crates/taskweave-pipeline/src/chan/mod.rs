@@ -30,7 +30,7 @@
 
 use std::collections::VecDeque;
 use std::mem;
-use std::task::{Context, Poll, Waker};
+use std::task::{Context, Poll, Waker, ready};
 
 #[cfg(all(test, taskweave_loom))]
 use loom::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -75,6 +75,13 @@ struct State<T> {
 /// The consumer is gone (the `Stage` was dropped).
 #[derive(Debug)]
 pub(crate) struct Gone;
+
+impl<T> Shared<T> {
+    /// Items queued and in the receiver's buffer.
+    fn len(&self) -> usize {
+        self.count.load(Ordering::Acquire) & !SENDER_WAITING
+    }
+}
 
 pub(crate) fn bounded<T>(capacity: usize) -> (Sender<T>, Receiver<T>) {
     debug_assert!(capacity > 0 && capacity < SENDER_WAITING);
@@ -123,7 +130,7 @@ pub(crate) struct Sender<T> {
 
 impl<T> Sender<T> {
     fn len(&self) -> usize {
-        self.shared.count.load(Ordering::Acquire) & !SENDER_WAITING
+        self.shared.len()
     }
 
     /// Waits until there is room, and returns how many items fit. Room only grows until
@@ -224,7 +231,7 @@ pub(crate) struct Receiver<T> {
 impl<T> Receiver<T> {
     /// Items waiting: queued and in the buffer.
     pub(crate) fn len(&self) -> usize {
-        self.shared.count.load(Ordering::Acquire) & !SENDER_WAITING
+        self.shared.len()
     }
 
     pub(crate) fn is_empty(&self) -> bool {
@@ -266,9 +273,13 @@ impl<T> Receiver<T> {
         }
     }
 
-    /// Refills the empty buffer. `Ready(false)`: the sender is gone and nothing is left;
-    /// `Pending`: nothing yet, and the task is woken by the next push or by the close.
-    fn poll_refill(&mut self, cx: &mut Context<'_>) -> Poll<bool> {
+    /// `Ready(true)` once the buffer holds an item, refilled from the queue if it was empty.
+    /// `Ready(false)`: the sender is gone and nothing is left; `Pending`: nothing yet, and
+    /// the task is woken by the next push or by the close.
+    fn poll_filled(&mut self, cx: &mut Context<'_>) -> Poll<bool> {
+        if !own(&mut self.buffer).is_empty() {
+            return Poll::Ready(true);
+        }
         let buffer = own(&mut self.buffer);
         if let Some(refilled) = Self::try_refill(buffer, &mut lock(&self.shared.state)) {
             return Poll::Ready(refilled);
@@ -290,15 +301,10 @@ impl<T> Receiver<T> {
 
     /// The next item, in order.
     pub(crate) fn poll_next(&mut self, cx: &mut Context<'_>) -> Poll<Option<T>> {
-        if own(&mut self.buffer).is_empty() {
-            match self.poll_refill(cx) {
-                Poll::Pending => return Poll::Pending,
-                Poll::Ready(false) => return Poll::Ready(None),
-                Poll::Ready(true) => {}
-            }
+        if !ready!(self.poll_filled(cx)) {
+            return Poll::Ready(None);
         }
         let item = own(&mut self.buffer).pop_front();
-        debug_assert!(item.is_some());
         if item.is_some() {
             self.release(1);
         }
@@ -314,12 +320,8 @@ impl<T> Receiver<T> {
         into: &mut VecDeque<T>,
     ) -> Poll<bool> {
         debug_assert!(max > 0);
-        if own(&mut self.buffer).is_empty() {
-            match self.poll_refill(cx) {
-                Poll::Pending => return Poll::Pending,
-                Poll::Ready(false) => return Poll::Ready(false),
-                Poll::Ready(true) => {}
-            }
+        if !ready!(self.poll_filled(cx)) {
+            return Poll::Ready(false);
         }
         let buffer = own(&mut self.buffer);
         let n = buffer.len().min(max);
