@@ -11,7 +11,7 @@ use loom::future::block_on;
 use loom::sync::Arc;
 use loom::thread;
 
-use super::Queue;
+use super::{Queue, TryRecvError};
 
 /// Polls `future` once with a waker that does nothing, then drops it: a waiter that gives
 /// up, possibly after it was woken.
@@ -130,5 +130,136 @@ fn batches_get_every_item_then_the_end_despite_a_racing_close() {
         assert_eq!(taken, [0, 1]);
         assert_eq!(queue.waiters(), [0; 4]);
         sender.join().unwrap();
+    });
+}
+
+/// Two receivers wait on an empty queue and one batch of two arrives: the batch wakes both
+/// (waking one would leave the other asleep beside its item for ever).
+#[test]
+fn a_batch_send_wakes_every_receiver_it_feeds() {
+    loom::model(|| {
+        let queue = Arc::new(Queue::<u32>::new(2));
+        let receivers: Vec<_> = (0..2)
+            .map(|_| {
+                let queue = Arc::clone(&queue);
+                thread::spawn(move || block_on(queue.recv()))
+            })
+            .collect();
+        let mut batch = VecDeque::from([0, 1]);
+        assert_eq!(queue.try_send_many(&mut batch), Ok(2));
+        assert!(batch.is_empty());
+        let mut got: Vec<u32> = receivers
+            .into_iter()
+            .map(|receiver| receiver.join().unwrap().expect("an item for each receiver"))
+            .collect();
+        got.sort_unstable();
+        assert_eq!(got, [0, 1]);
+        assert_eq!(queue.waiters(), [0; 4]);
+    });
+}
+
+/// Two senders wait on a full queue of two and one receiver takes both items as its share:
+/// the share wakes both senders (waking one would leave the other asleep beside a free
+/// slot for ever).
+#[test]
+fn a_share_wakes_as_many_senders_as_it_frees() {
+    loom::model(|| {
+        let queue = Arc::new(Queue::new(2));
+        let mut full = VecDeque::from([0_u32, 1]);
+        assert_eq!(queue.try_send_many(&mut full), Ok(2));
+        let senders: Vec<_> = [2_u32, 3]
+            .into_iter()
+            .map(|item| {
+                let queue = Arc::clone(&queue);
+                thread::spawn(move || block_on(queue.send(item)).is_ok())
+            })
+            .collect();
+        let mut held = VecDeque::new();
+        assert_eq!(queue.try_recv_share(0, 2, &mut held), Ok(2));
+        assert_eq!(held, [0, 1]);
+        for sender in senders {
+            assert!(sender.join().unwrap(), "each sender found room");
+        }
+        let mut rest = queue.drain();
+        rest.sort_unstable();
+        assert_eq!(rest, [2, 3]);
+        assert_eq!(queue.waiters(), [0; 4]);
+    });
+}
+
+/// `submit_many`'s loop against a worker's: the sender queues what fits, waits for room for
+/// the next item, queues what fits after it, and closes; the receiver takes shares of up to
+/// two and waits when the queue is empty. Every item arrives once, in order, before the end.
+/// (A queue of two: with a queue of one the sender waits twice and the model takes minutes.)
+#[test]
+fn a_batch_sender_and_a_sharing_receiver_lose_no_wake_up() {
+    loom::model(|| {
+        let queue = Arc::new(Queue::new(2));
+        let sender = {
+            let queue = Arc::clone(&queue);
+            thread::spawn(move || {
+                let mut batch = VecDeque::from([0_u32, 1, 2]);
+                loop {
+                    assert!(queue.try_send_many(&mut batch).is_ok());
+                    let Some(next) = batch.pop_front() else {
+                        break;
+                    };
+                    assert!(block_on(queue.send(next)).is_ok());
+                }
+                queue.close();
+            })
+        };
+        let mut got = VecDeque::new();
+        loop {
+            match queue.try_recv_share(0, 2, &mut got) {
+                Ok(taken) => assert!((1..=2).contains(&taken)),
+                Err(TryRecvError::Closed) => break,
+                Err(TryRecvError::Empty) => match block_on(queue.recv()) {
+                    Some(item) => got.push_back(item),
+                    None => break,
+                },
+            }
+        }
+        assert_eq!(got, [0, 1, 2]);
+        assert_eq!(queue.waiters(), [0; 4]);
+        sender.join().unwrap();
+    });
+}
+
+/// A batch larger than the queue goes in evicting while a close races it and a receiver
+/// waits: the batch is either refused whole (handed back) or queued in one step with its
+/// own first item evicted, and every item is in exactly one of the three places.
+#[test]
+fn a_batch_evicting_send_racing_a_close_loses_nothing() {
+    loom::model(|| {
+        let queue = Arc::new(Queue::new(2));
+        let receiver = {
+            let queue = Arc::clone(&queue);
+            thread::spawn(move || {
+                let mut got = Vec::new();
+                while let Some(item) = block_on(queue.recv()) {
+                    got.push(item);
+                }
+                got
+            })
+        };
+        let closer = {
+            let queue = Arc::clone(&queue);
+            thread::spawn(move || assert!(queue.close()))
+        };
+        let sent = queue.try_send_many_evicting(vec![0_u32, 1, 2]);
+        closer.join().unwrap();
+        let got = receiver.join().unwrap();
+        match sent {
+            Ok(evicted) => {
+                assert_eq!(evicted, [0]);
+                assert_eq!(got, [1, 2]);
+            }
+            Err(refused) => {
+                assert_eq!(refused, [0, 1, 2]);
+                assert!(got.is_empty());
+            }
+        }
+        assert_eq!(queue.waiters(), [0; 4]);
     });
 }
