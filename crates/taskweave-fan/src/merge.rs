@@ -12,8 +12,8 @@ use tokio_util::sync::CancellationToken;
 /// Merges `streams` into one stream, fairly, until all of them end or `token` is cancelled.
 ///
 /// **Fairness rule**: each poll starts with the input after the one that yielded last, so
-/// inputs take turns (round-robin), each gets an equal share, and a busy input can never
-/// starve the others. Chained `StreamExt::merge` calls, by contrast, do not share equally:
+/// inputs take turns (round-robin): with every input ready each gets an equal share, and a
+/// busy input can never starve the others. Chained `StreamExt::merge` calls, by contrast, do not share equally:
 /// each `merge` alternates between its two sides, so in `a.merge(b).merge(c)` with every
 /// input ready `c` goes first on half the polls and `a` and `b` on a quarter each. An input
 /// that ends is removed from the rotation and dropped at once (no busy loop on a finished
@@ -108,6 +108,11 @@ impl<S: Stream + Unpin> Stream for Merge<S> {
                 Poll::Ready(None) => {
                     // The next input slides into `index`: poll it next, without advancing.
                     drop(this.streams.remove(index));
+                    // The inputs after it slid down one place: so does the turn, so that the
+                    // next poll still starts with the input after the one that yielded last.
+                    if index < this.next {
+                        this.next -= 1;
+                    }
                     if index >= this.streams.len() {
                         index = 0;
                     }

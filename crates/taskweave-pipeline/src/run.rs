@@ -10,7 +10,10 @@
 //! - a step that has to wait (an async call that is pending) first hands on what is done,
 //!   and so does every finished item while the reader is parked waiting for one (a slow
 //!   step that never waits does not hold a batch back);
-//! - one unit of tokio's cooperative budget per item, as before batching;
+//! - one unit of tokio's cooperative budget per [`ITEMS_PER_UNIT`] items, so a stage whose
+//!   input is always ready still gives way to its thread's other tasks, after at most
+//!   1,024 items (tokio's budget of 128 units; tokio's own `recv_many` spends one unit per
+//!   call, however many items it takes);
 //! - the token is checked before every item and while a step waits, so a cancel stops the
 //!   stage within one item. The results already computed are pushed before the stage ends
 //!   (on a cancel and after a panic too): an item the stage finished is never lost. Items
@@ -39,6 +42,12 @@ use crate::{Pipeline, Stage};
 /// The most items one turn of a stage's loop moves: bounds the results a stage holds
 /// before it pushes them.
 const MAX_BATCH: usize = 256;
+/// Items per unit of tokio's cooperative budget. Against one unit per item (the first
+/// batching version: a thread-local read and write per item, and a yield every 128 items),
+/// one per 8 takes 0.76–0.96 × the time of the three-stage bench at outputs of 32 and
+/// 0.59–0.84 × at 1,024 (`docs/benchmarks.md`, pipeline section), and bounds a stage's run
+/// between two yields at 1,024 items.
+const ITEMS_PER_UNIT: usize = 8;
 
 /// How the loop of a stage stopped.
 enum Stop {
@@ -175,6 +184,11 @@ where
     // The call of `step` in flight, kept across polls when it waits.
     let mut call = pin!(None::<Fut>);
     loop {
+        // Items left on the unit of budget spent last. It starts at zero at every point where
+        // the task may have returned `Pending` (here, before the turn's awaits, and where a
+        // step waits), so every item is paid for in the task poll that runs it: a poll runs
+        // at most 128 × `ITEMS_PER_UNIT` items.
+        let mut unit_left = 0_usize;
         let room = match watch
             .run_until_cancelled(poll_fn(|cx| tx.poll_room(cx)))
             .await
@@ -215,6 +229,7 @@ where
                             // wait behind a slow item. A consumer gone is seen at the next
                             // push.
                             let _ = tx.push(done);
+                            unit_left = 0;
                             watch.register(cx.waker());
                             if watch.is_cancelled() {
                                 return Poll::Ready(Turn::Cancelled);
@@ -227,16 +242,21 @@ where
                     return Poll::Ready(Turn::Cancelled);
                 }
                 if !batch.is_empty() {
-                    // One unit of tokio's cooperative budget per item (the channel takes
-                    // none): a stage whose input is always ready and whose output always has
-                    // room (a filter that keeps few items, a consumer on another thread)
-                    // still lets the other tasks of its thread run. Out of budget, it hands
-                    // on what is done and yields; the turn goes on at the next poll.
-                    let Poll::Ready(budget) = tokio::task::coop::poll_proceed(cx) else {
-                        let _ = tx.push(done);
-                        return Poll::Pending;
-                    };
-                    budget.made_progress();
+                    // One unit of tokio's cooperative budget per `ITEMS_PER_UNIT` items (the
+                    // channel takes none): a stage whose input is always ready and whose
+                    // output always has room (a filter that keeps few items, a consumer on
+                    // another thread) still lets the other tasks of its thread run. Out of
+                    // budget, it hands on what is done and yields; the turn goes on at the
+                    // next poll.
+                    if unit_left == 0 {
+                        let Poll::Ready(budget) = tokio::task::coop::poll_proceed(cx) else {
+                            let _ = tx.push(done);
+                            return Poll::Pending;
+                        };
+                        budget.made_progress();
+                        unit_left = ITEMS_PER_UNIT;
+                    }
+                    unit_left -= 1;
                     if let Some(item) = batch.pop_front() {
                         call.set(Some(step(item)));
                     }

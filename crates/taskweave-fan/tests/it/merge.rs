@@ -58,6 +58,30 @@ async fn cancelling_the_token_ends_it_and_drops_the_inputs() {
     assert!(tx.is_closed(), "the inputs are dropped at once");
 }
 
+#[tokio::test]
+async fn an_input_that_ends_before_the_turn_does_not_cost_the_next_one_its_turn() {
+    // A yields, so the turn goes to B. In the next poll B and C have nothing and A ends:
+    // it leaves the rotation, and the turn must still be B's, not C's.
+    let (a_tx, a) = tokio::sync::mpsc::unbounded_channel::<&str>();
+    let (b_tx, b) = tokio::sync::mpsc::unbounded_channel();
+    let (c_tx, c) = tokio::sync::mpsc::unbounded_channel();
+    let mut merged = merge(
+        CancellationToken::new(),
+        [a, b, c].map(tokio_stream::wrappers::UnboundedReceiverStream::new),
+    );
+    a_tx.send("a").unwrap();
+    assert_eq!(merged.next().await, Some("a"));
+    drop(a_tx);
+    {
+        let mut next = tokio_test::task::spawn(merged.next());
+        assert_pending!(next.poll());
+    }
+    c_tx.send("c").unwrap();
+    b_tx.send("b").unwrap();
+    assert_eq!(merged.next().await, Some("b"), "B's turn comes first");
+    assert_eq!(merged.next().await, Some("c"));
+}
+
 /// `count` items named `name`, one every `period_ms`.
 fn ticker(name: &'static str, period_ms: u64, count: u32) -> impl Stream<Item = &'static str> {
     futures::stream::unfold(0_u32, move |n| async move {

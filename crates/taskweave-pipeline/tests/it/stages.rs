@@ -217,10 +217,11 @@ async fn first_is_terminated_after_n_items_without_another_poll() {
 #[tokio::test]
 async fn a_filter_over_an_always_ready_input_lets_the_canceller_run() {
     // On one thread: the filter keeps nothing, so it never waits to send; without giving
-    // way to other tasks it would starve the task that cancels it.
+    // way to other tasks it would starve the task that cancels it (the input is finite so
+    // that such a stage ends, `InputEnded`, instead of hanging the test).
     let token = CancellationToken::new();
     let p = Pipeline::new(token.clone());
-    let mut nothing = futures::stream::iter(0_u64..).spawn_filter(&p, |_| false);
+    let mut nothing = futures::stream::iter(0_u64..10_000_000).spawn_filter(&p, |_| false);
     let canceller = tokio::spawn(async move {
         tokio::task::yield_now().await;
         token.cancel();
@@ -228,4 +229,35 @@ async fn a_filter_over_an_always_ready_input_lets_the_canceller_run() {
     assert_eq!(nothing.next().await, None);
     assert!(matches!(nothing.end(), Some(StageEnd::Cancelled)));
     canceller.await.unwrap();
+}
+
+#[tokio::test]
+async fn a_stage_over_an_always_ready_input_gives_way_within_1024_items() {
+    // On one thread, the stage is polled before the observer (tokio runs tasks in the order
+    // they were woken). It runs on its whole budget, one unit per 8 items: the observer gets
+    // its turn after at most 128 × 8 items. Spending the budget once per turn (of up to 32
+    // items here) would let 4,096 through first; spending none, all of them (the input is
+    // finite so that such a stage ends instead of hanging the test).
+    let token = CancellationToken::new();
+    let p = Pipeline::new(token.clone());
+    let seen = Arc::new(AtomicUsize::new(0));
+    let counted = Arc::clone(&seen);
+    let mut nothing = futures::stream::iter(0_u64..1_000_000).spawn_filter(&p, move |_| {
+        counted.fetch_add(1, Ordering::Relaxed);
+        false
+    });
+    let observer = {
+        let seen = Arc::clone(&seen);
+        tokio::spawn(async move {
+            let before = seen.load(Ordering::Relaxed);
+            token.cancel();
+            before
+        })
+    };
+    assert_eq!(nothing.next().await, None);
+    let before_the_observer = observer.await.unwrap();
+    assert!(
+        (1..=1024).contains(&before_the_observer),
+        "the stage ran {before_the_observer} items before another task"
+    );
 }

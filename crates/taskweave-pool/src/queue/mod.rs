@@ -212,7 +212,8 @@ impl<T> Queue<T> {
         state.items.extend(items);
         let over = state.items.len().saturating_sub(self.capacity);
         let evicted: Vec<T> = state.items.drain(..over).collect();
-        let receivers = state.receivers.pop_up_to(sent);
+        // One receiver per item queued: never more than the queue holds.
+        let receivers = state.receivers.pop_up_to(sent.min(self.capacity));
         drop(state);
         receivers.wake();
         Ok(evicted)
