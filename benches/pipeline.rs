@@ -46,11 +46,15 @@ async fn taskweave_stages_with(capacity: usize) -> u64 {
 }
 
 /// map (`inc`) → filter (`keep`) → map (`double`), three spawned tasks reading `rx0` and
-/// joined by bounded async-channels of `CAPACITY`; returns the last one's output.
-fn async_channel_map_filter_map(
+/// joined by bounded async-channels of `CAPACITY`; returns the last one's output. `keep` is
+/// generic, so it is inlined as in a hand-written stage (not called through a pointer).
+fn async_channel_map_filter_map<K>(
     rx0: async_channel::Receiver<u64>,
-    keep: fn(&u64) -> bool,
-) -> async_channel::Receiver<u64> {
+    keep: K,
+) -> async_channel::Receiver<u64>
+where
+    K: Fn(&u64) -> bool + Send + 'static,
+{
     let (tx1, rx1) = async_channel::bounded(CAPACITY);
     let (tx2, rx2) = async_channel::bounded(CAPACITY);
     let (tx3, rx3) = async_channel::bounded(CAPACITY);

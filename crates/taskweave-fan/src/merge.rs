@@ -13,11 +13,11 @@ use tokio_util::sync::CancellationToken;
 ///
 /// **Fairness rule**: each poll starts with the input after the one that yielded last, so
 /// inputs take turns (round-robin): with every input ready each gets an equal share, and a
-/// busy input can never starve the others. Chained `StreamExt::merge` calls, by contrast, do not share equally:
-/// each `merge` alternates between its two sides, so in `a.merge(b).merge(c)` with every
-/// input ready `c` goes first on half the polls and `a` and `b` on a quarter each. An input
-/// that ends is removed from the rotation and dropped at once (no busy loop on a finished
-/// input).
+/// busy input can never starve the others. Chained `StreamExt::merge` calls, by contrast, do
+/// not share equally: each `merge` alternates between its two sides, so in
+/// `a.merge(b).merge(c)` with every input ready `c` goes first on half the polls and `a` and
+/// `b` on a quarter each. An input that ends is removed from the rotation and dropped at once
+/// (no busy loop on a finished input).
 /// Items of one input keep their order; no order holds across inputs.
 ///
 /// Backpressure is each input's: nothing is buffered. No task is spawned: the merge runs when

@@ -10,10 +10,10 @@
 //! - a step that has to wait (an async call that is pending) first hands on what is done,
 //!   and so does every finished item while the reader is parked waiting for one (a slow
 //!   step that never waits does not hold a batch back);
-//! - one unit of tokio's cooperative budget per [`ITEMS_PER_UNIT`] items, so a stage whose
-//!   input is always ready still gives way to its thread's other tasks, after at most
-//!   1,024 items (tokio's budget of 128 units; tokio's own `recv_many` spends one unit per
-//!   call, however many items it takes);
+//! - one unit of tokio's cooperative budget per up to [`ITEMS_PER_UNIT`] items of a turn, so
+//!   a stage whose input is always ready still gives way to its thread's other tasks, after
+//!   starting at most 1,024 items (tokio's budget of 128 units; tokio's own `recv_many`
+//!   spends one unit per call, however many items it takes);
 //! - the token is checked before every item and while a step waits, so a cancel stops the
 //!   stage within one item. The results already computed are pushed before the stage ends
 //!   (on a cancel and after a panic too): an item the stage finished is never lost. Items
@@ -186,8 +186,9 @@ where
     loop {
         // Items left on the unit of budget spent last. It starts at zero at every point where
         // the task may have returned `Pending` (here, before the turn's awaits, and where a
-        // step waits), so every item is paid for in the task poll that runs it: a poll runs
-        // at most 128 × `ITEMS_PER_UNIT` items.
+        // step waits), so every item is paid for in the task poll that starts it: a poll
+        // starts at most 128 × `ITEMS_PER_UNIT` items (and may finish one call started in
+        // the poll before). A turn of n items spends ceil(n / 8) units.
         let mut unit_left = 0_usize;
         let room = match watch
             .run_until_cancelled(poll_fn(|cx| tx.poll_room(cx)))

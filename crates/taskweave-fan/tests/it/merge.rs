@@ -82,6 +82,30 @@ async fn an_input_that_ends_before_the_turn_does_not_cost_the_next_one_its_turn(
     assert_eq!(merged.next().await, Some("c"));
 }
 
+#[tokio::test]
+async fn the_first_input_ending_after_the_last_one_yielded_keeps_the_turn_on_the_second() {
+    // C (the last) yields, so the turn wraps to A. In the next poll A ends and B and C have
+    // nothing: the turn must be B's (the one after A), not C's again.
+    let (a_tx, a) = tokio::sync::mpsc::unbounded_channel::<&str>();
+    let (b_tx, b) = tokio::sync::mpsc::unbounded_channel();
+    let (c_tx, c) = tokio::sync::mpsc::unbounded_channel();
+    let mut merged = merge(
+        CancellationToken::new(),
+        [a, b, c].map(tokio_stream::wrappers::UnboundedReceiverStream::new),
+    );
+    c_tx.send("c").unwrap();
+    assert_eq!(merged.next().await, Some("c"));
+    drop(a_tx);
+    {
+        let mut next = tokio_test::task::spawn(merged.next());
+        assert_pending!(next.poll());
+    }
+    c_tx.send("c").unwrap();
+    b_tx.send("b").unwrap();
+    assert_eq!(merged.next().await, Some("b"), "B's turn comes first");
+    assert_eq!(merged.next().await, Some("c"));
+}
+
 /// `count` items named `name`, one every `period_ms`.
 fn ticker(name: &'static str, period_ms: u64, count: u32) -> impl Stream<Item = &'static str> {
     futures::stream::unfold(0_u32, move |n| async move {
