@@ -62,39 +62,31 @@ async fn cancelling_the_token_ends_it_and_drops_the_inputs() {
 async fn an_input_that_ends_before_the_turn_does_not_cost_the_next_one_its_turn() {
     // A yields, so the turn goes to B. In the next poll B and C have nothing and A ends:
     // it leaves the rotation, and the turn must still be B's, not C's.
-    let (a_tx, a) = tokio::sync::mpsc::unbounded_channel::<&str>();
-    let (b_tx, b) = tokio::sync::mpsc::unbounded_channel();
-    let (c_tx, c) = tokio::sync::mpsc::unbounded_channel();
-    let mut merged = merge(
-        CancellationToken::new(),
-        [a, b, c].map(tokio_stream::wrappers::UnboundedReceiverStream::new),
-    );
-    a_tx.send("a").unwrap();
-    assert_eq!(merged.next().await, Some("a"));
-    drop(a_tx);
-    {
-        let mut next = tokio_test::task::spawn(merged.next());
-        assert_pending!(next.poll());
-    }
-    c_tx.send("c").unwrap();
-    b_tx.send("b").unwrap();
-    assert_eq!(merged.next().await, Some("b"), "B's turn comes first");
-    assert_eq!(merged.next().await, Some("c"));
+    the_turn_is_b_after_a_ends(0, "a").await;
 }
 
 #[tokio::test]
 async fn the_first_input_ending_after_the_last_one_yielded_keeps_the_turn_on_the_second() {
     // C (the last) yields, so the turn wraps to A. In the next poll A ends and B and C have
     // nothing: the turn must be B's (the one after A), not C's again.
-    let (a_tx, a) = tokio::sync::mpsc::unbounded_channel::<&str>();
-    let (b_tx, b) = tokio::sync::mpsc::unbounded_channel();
-    let (c_tx, c) = tokio::sync::mpsc::unbounded_channel();
+    the_turn_is_b_after_a_ends(2, "c").await;
+}
+
+/// Merges three inputs A, B and C; input `first` yields `item`, then A ends in a poll in
+/// which B and C have nothing; then B and C both have an item, and B's must come first.
+async fn the_turn_is_b_after_a_ends(first: usize, item: &'static str) {
+    let (senders, receivers): (Vec<_>, Vec<_>) = (0..3)
+        .map(|_| tokio::sync::mpsc::unbounded_channel::<&str>())
+        .unzip();
+    let [a_tx, b_tx, c_tx] = <[_; 3]>::try_from(senders).unwrap();
     let mut merged = merge(
         CancellationToken::new(),
-        [a, b, c].map(tokio_stream::wrappers::UnboundedReceiverStream::new),
+        receivers
+            .into_iter()
+            .map(tokio_stream::wrappers::UnboundedReceiverStream::new),
     );
-    c_tx.send("c").unwrap();
-    assert_eq!(merged.next().await, Some("c"));
+    [&a_tx, &b_tx, &c_tx][first].send(item).unwrap();
+    assert_eq!(merged.next().await, Some(item));
     drop(a_tx);
     {
         let mut next = tokio_test::task::spawn(merged.next());

@@ -133,26 +133,35 @@ fn batches_get_every_item_then_the_end_despite_a_racing_close() {
     });
 }
 
+/// Two threads that each wait for one item of `queue`.
+fn two_waiting_receivers(queue: &Arc<Queue<u32>>) -> [thread::JoinHandle<Option<u32>>; 2] {
+    [(); 2].map(|()| {
+        let queue = Arc::clone(queue);
+        thread::spawn(move || block_on(queue.recv()))
+    })
+}
+
+/// What the receivers got, one item each, sorted.
+fn one_item_each_sorted(receivers: [thread::JoinHandle<Option<u32>>; 2]) -> Vec<u32> {
+    let mut got: Vec<u32> = receivers
+        .into_iter()
+        .map(|receiver| receiver.join().unwrap().expect("an item for each receiver"))
+        .collect();
+    got.sort_unstable();
+    got
+}
+
 /// Two receivers wait on an empty queue and one batch of two arrives: the batch wakes both
 /// (waking one would leave the other asleep beside its item for ever).
 #[test]
 fn a_batch_send_wakes_every_receiver_it_feeds() {
     loom::model(|| {
         let queue = Arc::new(Queue::<u32>::new(2));
-        let receivers: Vec<_> = (0..2)
-            .map(|_| {
-                let queue = Arc::clone(&queue);
-                thread::spawn(move || block_on(queue.recv()))
-            })
-            .collect();
+        let receivers = two_waiting_receivers(&queue);
         let mut batch = VecDeque::from([0, 1]);
         assert_eq!(queue.try_send_many(&mut batch), Ok(2));
         assert!(batch.is_empty());
-        let mut got: Vec<u32> = receivers
-            .into_iter()
-            .map(|receiver| receiver.join().unwrap().expect("an item for each receiver"))
-            .collect();
-        got.sort_unstable();
+        let got = one_item_each_sorted(receivers);
         assert_eq!(got, [0, 1]);
         assert_eq!(queue.waiters(), [0; 4]);
     });
@@ -232,19 +241,10 @@ fn a_batch_sender_and_a_sharing_receiver_lose_no_wake_up() {
 fn an_evicting_batch_wakes_every_receiver_it_feeds() {
     loom::model(|| {
         let queue = Arc::new(Queue::<u32>::new(2));
-        let receivers: Vec<_> = (0..2)
-            .map(|_| {
-                let queue = Arc::clone(&queue);
-                thread::spawn(move || block_on(queue.recv()))
-            })
-            .collect();
+        let receivers = two_waiting_receivers(&queue);
         let evicted = queue.try_send_many_evicting(vec![0, 1, 2]);
         assert_eq!(evicted.ok(), Some(vec![0]));
-        let mut got: Vec<u32> = receivers
-            .into_iter()
-            .map(|receiver| receiver.join().unwrap().expect("an item for each receiver"))
-            .collect();
-        got.sort_unstable();
+        let got = one_item_each_sorted(receivers);
         assert_eq!(got, [1, 2]);
         assert_eq!(queue.waiters(), [0; 4]);
     });
