@@ -7,6 +7,11 @@
 //! short). The items are fixed, so the time per item shows how the cost of handing each item
 //! over grows with the number of outputs.
 //!
+//! One value at a time (`tee_one_at_a_time_10k`): 10,000 rounds, each sending one value into
+//! the input and reading it from both outputs before the next, so that nothing ever waits in
+//! a channel: the latency of one hand-off, where batching cannot help. taskweave's tee
+//! against the hand-written loop to two async-channels.
+//!
 //! `cargo bench -p taskweave-benches --bench tee`; ratios in `docs/benchmarks.md`.
 
 #[path = "common.rs"]
@@ -17,7 +22,7 @@ use std::time::Duration;
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use futures::StreamExt;
-use taskweave::tee::{Policy, tee_with};
+use taskweave::tee::{Policy, tee, tee_with};
 use tokio::sync::broadcast;
 use tokio_util::sync::CancellationToken;
 
@@ -25,6 +30,7 @@ const ITEMS: u64 = 100_000;
 const CAPACITY: usize = 32;
 const SCALING_ITEMS: u64 = 20_000;
 const SCALING_OUTPUTS: [usize; 3] = [2, 8, 64];
+const ROUNDS: u64 = 10_000;
 
 /// Sums what each reader received, so that every implementation does the same work.
 async fn join_readers(readers: Vec<tokio::task::JoinHandle<u64>>) -> u64 {
@@ -98,6 +104,58 @@ async fn hand_written_loop(items: u64, n: usize) -> u64 {
     join_readers(readers).await
 }
 
+async fn taskweave_round_trips() -> u64 {
+    let (tx, rx) = async_channel::bounded(1);
+    let (mut left, mut right) = tee(CancellationToken::new(), rx);
+    let mut sum = 0;
+    for n in 0..ROUNDS {
+        tx.send(n).await.unwrap();
+        sum += left.next().await.unwrap() + right.next().await.unwrap();
+    }
+    sum
+}
+
+async fn hand_written_round_trips() -> u64 {
+    let (tx, rx) = async_channel::bounded::<u64>(1);
+    let (left_tx, left) = async_channel::bounded(CAPACITY);
+    let (right_tx, right) = async_channel::bounded(CAPACITY);
+    tokio::spawn(async move {
+        while let Ok(v) = rx.recv().await {
+            if left_tx.send(v).await.is_err() || right_tx.send(v).await.is_err() {
+                return;
+            }
+        }
+    });
+    let mut sum = 0;
+    for n in 0..ROUNDS {
+        tx.send(n).await.unwrap();
+        sum += left.recv().await.unwrap() + right.recv().await.unwrap();
+    }
+    sum
+}
+
+fn round_trips(c: &mut Criterion) {
+    for (flavor, runtime) in common::runtimes() {
+        let mut group = c.benchmark_group(format!("tee_one_at_a_time_10k/{flavor}"));
+        group.throughput(Throughput::Elements(ROUNDS));
+        group.sample_size(20);
+        group.measurement_time(Duration::from_secs(3));
+        for (name, which) in [("taskweave_tee", 0), ("hand_written_loop", 1)] {
+            let run = move || async move {
+                match which {
+                    0 => taskweave_round_trips().await,
+                    _ => hand_written_round_trips().await,
+                }
+            };
+            assert_eq!(runtime.block_on(run()), ROUNDS * (ROUNDS - 1), "{name}");
+            group.bench_function(BenchmarkId::new(name, ROUNDS), |b| {
+                b.iter(|| black_box(runtime.block_on(run())));
+            });
+        }
+        group.finish();
+    }
+}
+
 fn tee_bench(c: &mut Criterion) {
     for (flavor, runtime) in common::runtimes() {
         for n in [2_usize, 4] {
@@ -154,5 +212,5 @@ fn tee_scaling(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, tee_bench, tee_scaling);
+criterion_group!(benches, tee_bench, tee_scaling, round_trips);
 criterion_main!(benches);

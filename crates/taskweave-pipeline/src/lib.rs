@@ -48,7 +48,6 @@
 //! # }
 //! ```
 
-mod chan;
 mod ext;
 mod first;
 mod pipeline;

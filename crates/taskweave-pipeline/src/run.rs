@@ -35,9 +35,9 @@ use futures::Stream;
 use pin_project_lite::pin_project;
 use taskweave_supervise::{PanicError, TaskName, TokenWatch, catch_panic};
 
-use crate::chan::{self, Gone};
 use crate::stage::{Listening, Shared, StageEnd, heard_panic};
 use crate::{Pipeline, Stage};
+use taskweave_supervise::internal::chan::{self, Gone};
 
 /// The most items one turn of a stage's loop moves: bounds the results a stage holds
 /// before it pushes them.

@@ -12,7 +12,7 @@ use futures::stream::FusedStream;
 use taskweave_supervise::{PanicError, TaskName};
 use tokio_util::sync::{CancellationToken, DropGuard};
 
-use crate::chan;
+use taskweave_supervise::internal::chan;
 
 /// Why a stage's task finished.
 ///

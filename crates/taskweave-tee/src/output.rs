@@ -9,6 +9,7 @@ use std::task::{Context, Poll};
 use futures::Stream;
 use futures::stream::FusedStream;
 use taskweave_supervise::PanicError;
+use taskweave_supervise::internal::chan;
 use tokio_util::sync::CancellationToken;
 
 use crate::Policy;
@@ -30,6 +31,43 @@ pub(crate) struct OutputState {
     pub(crate) disconnected: AtomicBool,
 }
 
+/// The receiving end of an output.
+pub(crate) enum Rx<T> {
+    /// Lockstep and disconnect outputs: taken from the channel in batches.
+    Batched(chan::Receiver<T>),
+    /// Drop-oldest outputs. Boxed so that `TeeOutput` is `Unpin` (async-channel's receiver is
+    /// not).
+    Evicting(Pin<Box<async_channel::Receiver<T>>>),
+}
+
+impl<T> Rx<T> {
+    fn len(&self) -> usize {
+        match self {
+            Rx::Batched(rx) => rx.len(),
+            Rx::Evicting(rx) => rx.len(),
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// `true` once the tee has closed this output (items may still wait).
+    fn is_closed(&self) -> bool {
+        match self {
+            Rx::Batched(rx) => rx.is_closed(),
+            Rx::Evicting(rx) => rx.is_closed(),
+        }
+    }
+
+    fn poll_next(&mut self, cx: &mut Context<'_>) -> Poll<Option<T>> {
+        match self {
+            Rx::Batched(rx) => rx.poll_next(cx),
+            Rx::Evicting(rx) => rx.as_mut().poll_next(cx),
+        }
+    }
+}
+
 /// One output of [`tee`](crate::tee), [`tee_n`](crate::tee_n) or
 /// [`tee_with`](crate::tee_with): every value of the input, in the input's order, minus
 /// what its [`Policy`] dropped.
@@ -48,8 +86,7 @@ pub(crate) struct OutputState {
 /// Reading with `StreamExt::next` is cancel safe: a dropped `next()` future loses no item.
 #[must_use = "streams do nothing unless polled"]
 pub struct TeeOutput<T> {
-    // Boxed so that `TeeOutput` is `Unpin` (async-channel's receiver is not).
-    pub(crate) output: Pin<Box<async_channel::Receiver<T>>>,
+    pub(crate) output: Rx<T>,
     pub(crate) state: Arc<OutputState>,
     pub(crate) shared: Arc<TeeShared>,
     pub(crate) done: bool,
@@ -102,7 +139,7 @@ impl<T> Stream for TeeOutput<T> {
         if self.done {
             return Poll::Ready(None);
         }
-        let polled = self.output.as_mut().poll_next(cx);
+        let polled = self.output.poll_next(cx);
         if let Poll::Ready(None) = polled {
             self.done = true;
         }

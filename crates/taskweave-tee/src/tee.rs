@@ -1,13 +1,18 @@
 //! The tee's task: read the input, hand every value to every live output.
 
+use std::collections::VecDeque;
+use std::future::poll_fn;
+use std::pin::{Pin, pin};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
+use std::task::Poll;
 
 use futures::{Stream, StreamExt};
-use taskweave_supervise::{TokenWatch, catch_panic};
+use taskweave_supervise::internal::chan::{self, Gone};
+use taskweave_supervise::{PanicError, TokenWatch, catch_panic};
 use tokio_util::sync::CancellationToken;
 
-use crate::output::{OutputState, TeeShared};
+use crate::output::{OutputState, Rx, TeeShared};
 use crate::{Policy, TeeOutput};
 
 /// Two lockstep outputs ([`Policy::default`]) of every value of `input`; see [`tee_with`].
@@ -98,6 +103,18 @@ where
 /// every output was dropped or disconnected, or when the input or `T::clone` panics (logged,
 /// and readable with [`TeeOutput::panic`]).
 ///
+/// **Batches.** After the value it waited for, the task takes whatever more the input has
+/// ready at once, as long as every lockstep output has room for it (at most 64 values, and
+/// at most 4,096 copies in all), copies each value to every output in turn, and hands each
+/// lockstep or disconnect output its values under one lock and one wake-up. It never waits
+/// for more values to fill a batch, and never waits for room holding more than one value, so
+/// what each output receives is what handing on one value at a time would give, and the
+/// capacities still count values. A panic of the input or of a clone ends the tee after the
+/// values copied before it are handed on. On cancellation the task reads no more values and
+/// stops waiting for room; the values it has read go to the outputs that have room for them.
+/// It spends one unit of tokio's cooperative budget per 8 values read, so a tee over an
+/// always-ready input lets the other tasks of its thread run after at most 1,024 values.
+///
 /// # Examples
 ///
 /// ```
@@ -166,31 +183,49 @@ where
     let mut outputs = Vec::with_capacity(policies.len());
     let mut slots = Vec::with_capacity(policies.len());
     for policy in policies {
-        let (tx, rx) = async_channel::bounded(policy.capacity());
         let state = Arc::new(OutputState {
             policy,
             lagged: AtomicU64::new(0),
             disconnected: AtomicBool::new(false),
         });
+        let (out, rx) = match policy {
+            Policy::DropOldest { capacity } => {
+                let (tx, rx) = async_channel::bounded(capacity);
+                // Kept by the task to drop the oldest item of a full buffer.
+                let evict = rx.clone();
+                (Out::Evicting { tx, evict }, Rx::Evicting(Box::pin(rx)))
+            }
+            _ => {
+                let (tx, rx) = chan::bounded(policy.capacity());
+                (Out::Batched(Some(tx)), Rx::Batched(rx))
+            }
+        };
         slots.push(Slot {
-            // Kept by the task to drop the oldest item of a full drop-oldest output.
-            evict: matches!(policy, Policy::DropOldest { .. }).then(|| rx.clone()),
-            tx,
+            out,
+            scratch: VecDeque::new(),
             state: Arc::clone(&state),
         });
         outputs.push(TeeOutput {
-            output: Box::pin(rx),
+            output: rx,
             state,
             shared: Arc::clone(&shared),
             done: false,
         });
     }
+    // The outputs that never wait first, so that a full lockstep output does not hold back a
+    // drop-oldest or disconnect one; then the lockstep ones, in order. The last one in this
+    // order gets the original values.
+    slots.sort_by_key(Slot::waits);
 
     let task_shared = Arc::clone(&shared);
     drop(taskweave_supervise::spawn("tee", async move {
         let watch = TokenWatch::new(&token);
         // A panic is logged (with its backtrace) by `catch_panic`, as the task "tee".
-        if let Err(panic) = catch_panic("tee", feed(input, &mut slots, &watch)).await {
+        let panic = match catch_panic("tee", feed(input, &mut slots, &watch)).await {
+            Ok(ended) => ended.err(),
+            Err(panic) => Some(panic),
+        };
+        if let Some(panic) = panic {
             let _ = task_shared.panic.set(panic);
         }
         // Dropping the senders (and the evicting receivers) closes every output.
@@ -199,11 +234,35 @@ where
     outputs
 }
 
-/// The task's end of one output.
+/// The most values the task reads before it hands them on, and the most copies of values
+/// (all outputs together) it holds at once: at most `MAX_COPIES / outputs` values, and
+/// always one.
+const MAX_BATCH: usize = 64;
+const MAX_COPIES: usize = 4096;
+
+/// Values read per unit of tokio's cooperative budget, as the pipeline's stages spend it: a
+/// task poll reads at most 128 × 8 = 1,024 values.
+const VALUES_PER_UNIT: usize = 8;
+
+/// The task's end of one output, and the values waiting to be handed to it.
 struct Slot<T> {
-    tx: async_channel::Sender<T>,
-    evict: Option<async_channel::Receiver<T>>,
+    out: Out<T>,
+    /// The values of this batch for this output, copied before any is handed on.
+    scratch: VecDeque<T>,
     state: Arc<OutputState>,
+}
+
+enum Out<T> {
+    /// Lockstep and disconnect outputs: a batch goes over under one lock and one wake-up.
+    /// `None` once the output is gone (dropped, or disconnected: its sender dropped, which
+    /// closes it).
+    Batched(Option<chan::Sender<T>>),
+    /// Drop-oldest outputs, on async-channel: the batch channel's receiver takes items into a
+    /// buffer of its own, from which the task could not drop the oldest one.
+    Evicting {
+        tx: async_channel::Sender<T>,
+        evict: async_channel::Receiver<T>,
+    },
 }
 
 impl<T> Slot<T> {
@@ -212,39 +271,97 @@ impl<T> Slot<T> {
     }
 
     fn is_live(&self) -> bool {
-        !self.tx.is_closed()
+        match &self.out {
+            Out::Batched(tx) => tx.is_some(),
+            Out::Evicting { tx, .. } => !tx.is_closed(),
+        }
     }
 
-    /// Hands `value` over without waiting (drop-oldest and disconnect outputs).
-    fn offer(&self, mut value: T) {
-        loop {
-            match self.tx.try_send(value) {
-                Ok(()) => return,
-                Err(async_channel::TrySendError::Closed(_)) => return,
-                Err(async_channel::TrySendError::Full(back)) => match &self.evict {
-                    Some(evict) => {
-                        if evict.try_recv().is_ok() {
-                            // Relaxed: an independent counter.
-                            self.state.lagged.fetch_add(1, Ordering::Relaxed);
-                        }
-                        value = back;
-                    }
-                    None => {
-                        // Release pairs with the Acquire in `is_disconnected`.
-                        self.state.disconnected.store(true, Ordering::Release);
-                        self.tx.close();
-                        return;
-                    }
-                },
-            }
+    /// The values a lockstep output takes now without waiting.
+    fn room(&self) -> Option<usize> {
+        match &self.out {
+            Out::Batched(Some(tx)) if self.waits() => Some(tx.room()),
+            _ => None,
         }
     }
 
     /// For a drop-oldest output, whose channel the task keeps open: its consumer is gone
     /// when the task's evicting receiver is the only one left.
     fn close_if_abandoned(&self) {
-        if self.evict.is_some() && self.tx.receiver_count() == 1 {
-            self.tx.close();
+        if let Out::Evicting { tx, .. } = &self.out
+            && tx.receiver_count() == 1
+        {
+            tx.close();
+        }
+    }
+
+    /// Hands this output its values, as its policy says. `false`: the token was cancelled
+    /// while a lockstep output waited for room (its values are dropped with the slot).
+    async fn deliver(&mut self, watch: &TokenWatch) -> bool {
+        let waits = self.waits();
+        match &mut self.out {
+            Out::Evicting { tx, evict } => {
+                for value in self.scratch.drain(..) {
+                    offer(tx, evict, &self.state, value);
+                }
+                true
+            }
+            Out::Batched(None) => {
+                self.scratch.clear();
+                true
+            }
+            Out::Batched(Some(tx)) => {
+                if self.scratch.is_empty() {
+                    return true;
+                }
+                let mut room = tx.room();
+                if room < self.scratch.len() && waits {
+                    // Only a batch of one value can find no room: a longer one is no longer
+                    // than the room every lockstep output had before it was read.
+                    match watch
+                        .run_until_cancelled(poll_fn(|cx| tx.poll_room(cx)))
+                        .await
+                    {
+                        None => return false,
+                        Some(Ok(now)) => room = now,
+                        Some(Err(Gone)) => room = 0,
+                    }
+                }
+                if room < self.scratch.len() && !waits {
+                    // A disconnect output: what fits goes in, then it is cut off.
+                    self.scratch.truncate(room);
+                    let _ = tx.push(&mut self.scratch);
+                    // Release pairs with the Acquire in `is_disconnected`.
+                    self.state.disconnected.store(true, Ordering::Release);
+                    self.out = Out::Batched(None);
+                } else if tx.push(&mut self.scratch).is_err() {
+                    // Its consumer is gone: the values stay here, and the slot is pruned.
+                    self.out = Out::Batched(None);
+                }
+                self.scratch.clear();
+                true
+            }
+        }
+    }
+}
+
+/// Hands `value` to a drop-oldest output without waiting: a full buffer drops its oldest.
+fn offer<T>(
+    tx: &async_channel::Sender<T>,
+    evict: &async_channel::Receiver<T>,
+    state: &OutputState,
+    mut value: T,
+) {
+    loop {
+        match tx.try_send(value) {
+            Ok(()) | Err(async_channel::TrySendError::Closed(_)) => return,
+            Err(async_channel::TrySendError::Full(back)) => {
+                if evict.try_recv().is_ok() {
+                    // Relaxed: an independent counter.
+                    state.lagged.fetch_add(1, Ordering::Relaxed);
+                }
+                value = back;
+            }
         }
     }
 }
@@ -257,57 +374,102 @@ fn prune<T>(slots: &mut Vec<Slot<T>>) {
     slots.retain(Slot::is_live);
 }
 
-async fn feed<S>(input: S, slots: &mut Vec<Slot<S::Item>>, watch: &TokenWatch)
+/// Feeds the outputs until the input ends, the token is cancelled or every output is gone.
+/// `Err` carries a panic of the input or of `T::clone`, after the values read before it
+/// were handed on.
+async fn feed<S>(
+    input: S,
+    slots: &mut Vec<Slot<S::Item>>,
+    watch: &TokenWatch,
+) -> Result<(), PanicError>
 where
     S: Stream,
     S::Item: Clone,
 {
-    let mut input = std::pin::pin!(input);
+    let mut input = pin!(input);
     loop {
-        let Some(Some(value)) = watch.run_until_cancelled(input.next()).await else {
-            return; // cancelled, or the input ended
-        };
-        prune(slots);
-        let Some(last) = slots.len().checked_sub(1) else {
-            return; // every output is gone
-        };
-        // The outputs that never wait first, so that a full lockstep output does not hold
-        // back a drop-oldest or disconnect one; then the lockstep ones, in order.
-        let order = slots
-            .iter()
-            .enumerate()
-            .filter(|(_, slot)| !slot.waits())
-            .chain(slots.iter().enumerate().filter(|(_, slot)| slot.waits()))
-            .map(|(k, _)| k);
-        let mut value = Some(value);
-        for (n, k) in order.enumerate() {
-            let slot = &slots[k];
-            let item = if n == last {
-                value.take().expect("moved into the last output only")
-            } else {
-                value.as_ref().expect("still here").clone()
-            };
-            if slot.waits() {
-                // An error means its consumer is gone: it is dropped below.
-                if watch
-                    .run_until_cancelled(slot.tx.send(item))
-                    .await
-                    .is_none()
-                {
-                    return;
-                }
-            } else {
-                slot.offer(item);
+        // The input's `poll_next` and `T::clone` are user code: a panic there ends the tee,
+        // but the values copied before it still go out.
+        let read = catch_panic("tee", read_batch(input.as_mut(), slots, watch)).await;
+        for slot in slots.iter_mut() {
+            if !slot.deliver(watch).await {
+                return Ok(()); // cancelled while waiting for room
             }
         }
         // Outputs disconnected or dropped just now: when none is left, stop at once rather
         // than at the next value.
         prune(slots);
-        if slots.is_empty() {
-            return;
+        match read {
+            Ok(Read::More) if !slots.is_empty() => {}
+            Ok(_) => return Ok(()), // cancelled, the input ended, or every output is gone
+            Err(panic) => return Err(panic),
         }
-        // One unit of tokio's cooperative budget per value (async-channel takes none), so
-        // that a tee over an always-ready input with non-waiting outputs lets others run.
-        tokio::task::coop::consume_budget().await;
     }
+}
+
+enum Read {
+    /// The input may have more values.
+    More,
+    /// The input ended, the token was cancelled, or every output is gone.
+    Stop,
+}
+
+/// Reads the next value (waiting for it), then as many more as the input has ready, and
+/// copies each into every live output's scratch, value by value (the last output takes the
+/// original). A panic leaves exactly the values before it, and, in the outputs before the
+/// one whose clone panicked, that value too: what handing on one value at a time would have
+/// delivered.
+async fn read_batch<S>(
+    mut input: Pin<&mut S>,
+    slots: &mut Vec<Slot<S::Item>>,
+    watch: &TokenWatch,
+) -> Read
+where
+    S: Stream,
+    S::Item: Clone,
+{
+    // One unit of tokio's cooperative budget before every `VALUES_PER_UNIT` values
+    // (async-channel and the batch channel take none), so that a tee over an always-ready
+    // input lets the other tasks of its thread run.
+    tokio::task::coop::consume_budget().await;
+    let Some(Some(first)) = watch.run_until_cancelled(input.next()).await else {
+        return Read::Stop;
+    };
+    // Outputs dropped while the task waited get no copy.
+    prune(slots);
+    if slots.is_empty() {
+        return Read::Stop;
+    }
+    // Values past the first are read only while every lockstep output has room for them:
+    // the task never waits for room holding more than one value.
+    let bound = slots
+        .iter()
+        .filter_map(Slot::room)
+        .fold(MAX_BATCH, usize::min)
+        .min(MAX_COPIES / slots.len())
+        .max(1);
+    copy_out(slots, first);
+    for read in 1..bound {
+        if read % VALUES_PER_UNIT == 0 {
+            tokio::task::coop::consume_budget().await;
+        }
+        if watch.is_cancelled() {
+            return Read::Stop;
+        }
+        match futures::poll!(input.next()) {
+            Poll::Ready(Some(value)) => copy_out(slots, value),
+            Poll::Ready(None) => return Read::Stop,
+            Poll::Pending => return Read::More,
+        }
+    }
+    Read::More
+}
+
+/// Copies `value` into every output's scratch; the last one takes the original.
+fn copy_out<T: Clone>(slots: &mut [Slot<T>], value: T) {
+    let (last, others) = slots.split_last_mut().expect("live outputs");
+    for slot in others {
+        slot.scratch.push_back(value.clone());
+    }
+    last.scratch.push_back(value);
 }

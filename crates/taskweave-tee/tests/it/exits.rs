@@ -111,3 +111,44 @@ async fn a_panicking_clone_ends_every_output_and_says_why() {
     assert_eq!((left_got, right_got), (2, 2));
     assert_no_leaked_tasks(baseline).await;
 }
+
+/// Panics on its fourth clone.
+#[derive(Debug)]
+struct Brittle(Arc<AtomicUsize>);
+
+impl Clone for Brittle {
+    fn clone(&self) -> Self {
+        let n = self.0.fetch_add(1, Ordering::SeqCst) + 1;
+        assert!(n < 4, "clone {n} failed");
+        Brittle(Arc::clone(&self.0))
+    }
+}
+
+#[tokio::test]
+async fn a_clone_panicking_in_a_batch_leaves_each_output_what_one_value_at_a_time_would() {
+    // Five values ready at once, three outputs: each value is copied to the first two (the
+    // last takes the original) before the next value is. Value 0 takes clones 1 and 2,
+    // value 1 clone 3 (the first output) and then clone 4 panics (the second output).
+    let baseline = alive_tasks();
+    let clones = Arc::new(AtomicUsize::new(0));
+    let values: Vec<Brittle> = (0..5).map(|_| Brittle(Arc::clone(&clones))).collect();
+    let mut outputs = tee_n(CancellationToken::new(), futures::stream::iter(values), 3);
+    let third = outputs.pop().unwrap();
+    let second = outputs.pop().unwrap();
+    let first = outputs.pop().unwrap();
+    let (first, second, third) = tokio::join!(first.count(), second.count(), third.count());
+    assert_eq!((first, second, third), (2, 1, 1));
+    assert_no_leaked_tasks(baseline).await;
+}
+
+#[tokio::test]
+async fn an_input_panicking_after_a_batch_of_ready_values_hands_them_all_on_first() {
+    let input = futures::stream::iter(0..100).map(|n| {
+        assert!(n < 40, "input broke at {n}");
+        n
+    });
+    let (left, right) = tee(CancellationToken::new(), input);
+    let (left_got, right_got) = tokio::join!(left.collect::<Vec<_>>(), right.collect::<Vec<_>>());
+    assert_eq!(left_got, (0..40).collect::<Vec<_>>());
+    assert_eq!(right_got, (0..40).collect::<Vec<_>>());
+}

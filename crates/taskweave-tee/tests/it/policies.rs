@@ -285,3 +285,73 @@ proptest! {
         }
     }
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_batch_larger_than_a_disconnect_outputs_room_fills_it_then_cuts_it_off() {
+    // The ten values are ready at once, and the lockstep output has room for all of them:
+    // they go out as one batch, of which the disconnect output takes what fits.
+    let mut outputs = tee_with(
+        CancellationToken::new(),
+        futures::stream::iter(0..10),
+        [Policy::lockstep(16), Policy::disconnect(3)],
+    );
+    let mut laggard = outputs.pop().unwrap();
+    let steady = outputs.pop().unwrap();
+    assert_eq!(
+        steady.collect::<Vec<_>>().await,
+        (0..10).collect::<Vec<_>>()
+    );
+    assert!(laggard.is_disconnected());
+    assert_eq!((&mut laggard).collect::<Vec<_>>().await, [0, 1, 2]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_batch_larger_than_a_drop_oldest_outputs_room_keeps_its_newest() {
+    let mut outputs = tee_with(
+        CancellationToken::new(),
+        futures::stream::iter(0..50),
+        [Policy::lockstep(64), Policy::drop_oldest(3)],
+    );
+    let dashboard = outputs.pop().unwrap();
+    let archive = outputs.pop().unwrap();
+    assert_eq!(
+        archive.collect::<Vec<_>>().await,
+        (0..50).collect::<Vec<_>>()
+    );
+    assert_eq!(dashboard.lagged(), 47);
+    assert_eq!(dashboard.collect::<Vec<_>>().await, [47, 48, 49]);
+}
+
+#[tokio::test]
+async fn a_tee_over_an_always_ready_input_gives_way_within_1024_values() {
+    // On one thread, the tee's task is polled before the observer (tokio runs tasks in the
+    // order they were woken). It runs on its whole budget, one unit per 8 values read: the
+    // observer gets its turn after at most 128 × 8 values. Its outputs never wait (nobody
+    // reads them); the input is finite so that a tee that never gives way ends instead of
+    // hanging the test.
+    let read = Arc::new(AtomicUsize::new(0));
+    let counted = Arc::clone(&read);
+    let input = futures::stream::iter(0_u64..1_000_000).inspect(move |_| {
+        counted.fetch_add(1, Ordering::Relaxed);
+    });
+    let token = CancellationToken::new();
+    let outputs = tee_with(
+        token.clone(),
+        input,
+        [Policy::drop_oldest(4), Policy::disconnect(1 << 20)],
+    );
+    let observer = {
+        let read = Arc::clone(&read);
+        tokio::spawn(async move {
+            let before = read.load(Ordering::Relaxed);
+            token.cancel();
+            before
+        })
+    };
+    let before_the_observer = observer.await.unwrap();
+    assert!(
+        (1..=1024).contains(&before_the_observer),
+        "the tee read {before_the_observer} values before another task ran"
+    );
+    drop(outputs);
+}

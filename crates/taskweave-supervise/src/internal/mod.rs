@@ -9,6 +9,8 @@ use futures::{Stream, StreamExt};
 
 use crate::{PanicError, TokenWatch, catch_panic};
 
+pub mod chan;
+
 /// The buffer of a stage or an output when the caller names none (the pipeline's stages, the
 /// tee's outputs).
 pub const DEFAULT_CAPACITY: usize = 32;

@@ -1,7 +1,8 @@
-//! The bounded channel between a stage's task and its [`Stage`](crate::Stage): one sender,
-//! one receiver, items handed over in batches.
+//! A bounded channel with one sender and one receiver, items handed over in batches: between a
+//! pipeline stage's task and its `Stage`, and between the tee's task and each of its lockstep
+//! and disconnect outputs.
 //!
-//! Why not async-channel (which the stages used before) or tokio's mpsc: both hand over one
+//! Why not async-channel (which both used before) or tokio's mpsc: both hand over one
 //! item per operation, a lock or CAS and a wake-up check each time, and that hand-off was most
 //! of a stage's cost for small items. Here the sender pushes every item it has ready under one
 //! lock and one wake-up, and the receiver takes everything queued under one lock into a buffer
@@ -23,7 +24,7 @@
 //! flag and wakes the sender. No lost wake-up rests on a fence or on memory ordering beyond
 //! the one word.
 //!
-//! Only the stage's task sends and only the `Stage` receives; neither side is `Clone`.
+//! One task sends and one consumer receives; neither side is `Clone`.
 //! No user code runs under the lock: wakers are cloned before it is taken and woken or
 //! dropped after it is released, and the items a closed receiver leaves are dropped outside
 //! it.
@@ -32,6 +33,8 @@ use std::collections::VecDeque;
 use std::mem;
 use std::task::{Context, Poll, Waker, ready};
 
+#[cfg(not(all(test, taskweave_loom)))]
+use super::lock;
 #[cfg(all(test, taskweave_loom))]
 use loom::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 #[cfg(all(test, taskweave_loom))]
@@ -40,8 +43,6 @@ use loom::sync::{Arc, Mutex, MutexGuard};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 #[cfg(not(all(test, taskweave_loom)))]
 use std::sync::{Arc, Mutex};
-#[cfg(not(all(test, taskweave_loom)))]
-use taskweave_supervise::internal::lock;
 
 #[cfg(all(test, taskweave_loom))]
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -72,9 +73,9 @@ struct State<T> {
     rx_closed: bool,
 }
 
-/// The consumer is gone (the `Stage` was dropped).
+/// The receiver is gone (the `Stage` or the tee's output was dropped).
 #[derive(Debug)]
-pub(crate) struct Gone;
+pub struct Gone;
 
 impl<T> Shared<T> {
     /// Items queued and in the receiver's buffer.
@@ -83,7 +84,8 @@ impl<T> Shared<T> {
     }
 }
 
-pub(crate) fn bounded<T>(capacity: usize) -> (Sender<T>, Receiver<T>) {
+/// A channel for at most `capacity` items between the sender and the consumer.
+pub fn bounded<T>(capacity: usize) -> (Sender<T>, Receiver<T>) {
     debug_assert!(capacity > 0 && capacity < SENDER_WAITING);
     let shared = Arc::new(Shared {
         count: AtomicUsize::new(0),
@@ -124,7 +126,8 @@ fn store_waker(slot: &mut Option<Waker>, fresh: Waker) -> Option<Waker> {
     }
 }
 
-pub(crate) struct Sender<T> {
+/// The sending side; dropping it closes the channel (the receiver yields what is left).
+pub struct Sender<T> {
     shared: Arc<Shared<T>>,
 }
 
@@ -133,9 +136,14 @@ impl<T> Sender<T> {
         self.shared.len()
     }
 
+    /// How many items fit now, without waiting. Room only grows until this sender pushes.
+    pub fn room(&self) -> usize {
+        self.shared.capacity.saturating_sub(self.len())
+    }
+
     /// Waits until there is room, and returns how many items fit. Room only grows until
     /// this sender pushes, so all of them can be pushed without waiting again.
-    pub(crate) fn poll_room(&self, cx: &mut Context<'_>) -> Poll<Result<usize, Gone>> {
+    pub fn poll_room(&self, cx: &mut Context<'_>) -> Poll<Result<usize, Gone>> {
         let capacity = self.shared.capacity;
         let len = self.len();
         if len < capacity {
@@ -166,7 +174,7 @@ impl<T> Sender<T> {
     /// pushes since the last [`poll_room`](Self::poll_room) together carry no more items than
     /// the room it returned (asserted: a stage that broke this would break the capacity). When the receiver is gone the
     /// items stay in `items`, for the caller to drop.
-    pub(crate) fn push(&self, items: &mut VecDeque<T>) -> Result<(), Gone> {
+    pub fn push(&self, items: &mut VecDeque<T>) -> Result<(), Gone> {
         if items.is_empty() {
             return Ok(());
         }
@@ -201,7 +209,7 @@ impl<T> Sender<T> {
 impl<T> Sender<T> {
     /// `true` while the receiver waits for items (see `Shared::rx_parked`).
     #[inline]
-    pub(crate) fn receiver_parked(&self) -> bool {
+    pub fn receiver_parked(&self) -> bool {
         self.shared.rx_parked.load(Ordering::Acquire)
     }
 }
@@ -219,7 +227,8 @@ impl<T> Drop for Sender<T> {
     }
 }
 
-pub(crate) struct Receiver<T> {
+/// The receiving side; dropping it refuses the sender's later pushes.
+pub struct Receiver<T> {
     shared: Arc<Shared<T>>,
     /// Items taken from the queue in one go, yielded from here without the lock; still
     /// counted in `count` until yielded. Only ever reached through `&mut self`
@@ -230,16 +239,17 @@ pub(crate) struct Receiver<T> {
 
 impl<T> Receiver<T> {
     /// Items waiting: queued and in the buffer.
-    pub(crate) fn len(&self) -> usize {
+    pub fn len(&self) -> usize {
         self.shared.len()
     }
 
-    pub(crate) fn is_empty(&self) -> bool {
+    /// `true` when no item waits.
+    pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
 
     /// `true` once the sender is gone (items may still wait).
-    pub(crate) fn is_closed(&self) -> bool {
+    pub fn is_closed(&self) -> bool {
         lock(&self.shared.state).tx_closed
     }
 
@@ -300,7 +310,7 @@ impl<T> Receiver<T> {
     }
 
     /// The next item, in order.
-    pub(crate) fn poll_next(&mut self, cx: &mut Context<'_>) -> Poll<Option<T>> {
+    pub fn poll_next(&mut self, cx: &mut Context<'_>) -> Poll<Option<T>> {
         if !ready!(self.poll_filled(cx)) {
             return Poll::Ready(None);
         }
@@ -313,7 +323,7 @@ impl<T> Receiver<T> {
 
     /// Moves up to `max` items into `into`. `Ready(true)`: at least one was moved;
     /// `Ready(false)`: the sender is gone and nothing is left; `Pending`: nothing yet.
-    pub(crate) fn poll_take(
+    pub fn poll_take(
         &mut self,
         cx: &mut Context<'_>,
         max: usize,
@@ -356,6 +366,25 @@ impl<T> Drop for Receiver<T> {
         }
         // The items left are dropped here, outside the lock (their `Drop` is user code).
         drop(queue);
+    }
+}
+
+// Nothing in either side is ever pinned (the items sit in heap deques, moved in and out by
+// value): both are `Unpin` whatever `T` is, as a `VecDeque<T>` is only when `T: Unpin`.
+impl<T> Unpin for Sender<T> {}
+impl<T> Unpin for Receiver<T> {}
+
+impl<T> std::fmt::Debug for Sender<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Sender").field("len", &self.len()).finish()
+    }
+}
+
+impl<T> std::fmt::Debug for Receiver<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Receiver")
+            .field("len", &self.len())
+            .finish()
     }
 }
 

@@ -1,6 +1,6 @@
-//! Loom models of the stage channel's wake-ups: every interleaving of the lock and of the
+//! Loom models of the batch channel's wake-ups: every interleaving of the lock and of the
 //! count's read-modify-writes; a lost wake-up shows as a deadlock (a thread parked for
-//! ever). Run with `RUSTFLAGS="--cfg taskweave_loom" cargo test -p taskweave-pipeline --lib
+//! ever). Run with `RUSTFLAGS="--cfg taskweave_loom" cargo test -p taskweave-supervise --lib
 //! --release`.
 
 use std::collections::VecDeque;
