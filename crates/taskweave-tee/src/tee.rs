@@ -9,7 +9,8 @@ use std::task::Poll;
 
 use futures::{Stream, StreamExt};
 use taskweave_supervise::internal::chan::{self, Gone};
-use taskweave_supervise::{PanicError, TokenWatch, catch_panic};
+use taskweave_supervise::internal::drop_caught;
+use taskweave_supervise::{PanicError, TaskName, TokenWatch, catch_panic};
 use tokio_util::sync::CancellationToken;
 
 use crate::output::{OutputState, Rx, TeeShared};
@@ -105,13 +106,17 @@ where
 ///
 /// **Batches.** After the value it waited for, the task takes whatever more the input has
 /// ready at once, as long as every lockstep output has room for it (at most 64 values, and
-/// at most 4,096 copies in all), copies each value to every output in turn, and hands each
+/// at most 4,096 copies in all unless there are more outputs than that: then one value),
+/// copies each value to every output in turn, and hands each
 /// lockstep or disconnect output its values under one lock and one wake-up. It never waits
 /// for more values to fill a batch, and never waits for room holding more than one value, so
 /// what each output receives is what handing on one value at a time would give, and the
 /// capacities still count values. A panic of the input or of a clone ends the tee after the
 /// values copied before it are handed on. On cancellation the task reads no more values and
 /// stops waiting for room; the values it has read go to the outputs that have room for them.
+/// The values the tee itself drops (evicted from a drop-oldest output, cut off a disconnected
+/// one, or left for an output that is gone) are dropped after every output had its share: a
+/// `Drop` that panics there is logged and caught, and the tee goes on.
 /// It spends one unit of tokio's cooperative budget per 8 values read, so a tee over an
 /// always-ready input lets the other tasks of its thread run after at most 1,024 values.
 ///
@@ -272,7 +277,7 @@ impl<T> Slot<T> {
 
     fn is_live(&self) -> bool {
         match &self.out {
-            Out::Batched(tx) => tx.is_some(),
+            Out::Batched(tx) => tx.as_ref().is_some_and(|tx| !tx.receiver_gone()),
             Out::Evicting { tx, .. } => !tx.is_closed(),
         }
     }
@@ -295,68 +300,76 @@ impl<T> Slot<T> {
         }
     }
 
-    /// Hands this output its values, as its policy says. `false`: the token was cancelled
-    /// while a lockstep output waited for room (its values are dropped with the slot).
-    async fn deliver(&mut self, watch: &TokenWatch) -> bool {
+    /// Hands this output its values, as its policy says; the values it cannot take go to
+    /// `dropped` (dropped by the caller once every output has had its share: their `Drop` is
+    /// user code). A lockstep output waits for room only for a batch of one value, and not
+    /// once the token is cancelled.
+    async fn deliver(&mut self, watch: &TokenWatch, dropped: &mut Vec<T>) {
         let waits = self.waits();
         match &mut self.out {
             Out::Evicting { tx, evict } => {
                 for value in self.scratch.drain(..) {
-                    offer(tx, evict, &self.state, value);
+                    offer(tx, evict, &self.state, value, dropped);
                 }
-                true
             }
-            Out::Batched(None) => {
-                self.scratch.clear();
-                true
-            }
+            Out::Batched(None) => dropped.extend(self.scratch.drain(..)),
             Out::Batched(Some(tx)) => {
                 if self.scratch.is_empty() {
-                    return true;
+                    return;
                 }
                 let mut room = tx.room();
                 if room < self.scratch.len() && waits {
                     // Only a batch of one value can find no room: a longer one is no longer
                     // than the room every lockstep output had before it was read.
-                    match watch
+                    room = match watch
                         .run_until_cancelled(poll_fn(|cx| tx.poll_room(cx)))
                         .await
                     {
-                        None => return false,
-                        Some(Ok(now)) => room = now,
-                        Some(Err(Gone)) => room = 0,
-                    }
+                        Some(Ok(now)) => now,
+                        // Cancelled while waiting: the value is not handed on.
+                        None => {
+                            dropped.extend(self.scratch.drain(..));
+                            return;
+                        }
+                        Some(Err(Gone)) => 0,
+                    };
                 }
                 if room < self.scratch.len() && !waits {
                     // A disconnect output: what fits goes in, then it is cut off.
-                    self.scratch.truncate(room);
+                    dropped.extend(self.scratch.drain(room..));
                     let _ = tx.push(&mut self.scratch);
                     // Release pairs with the Acquire in `is_disconnected`.
                     self.state.disconnected.store(true, Ordering::Release);
                     self.out = Out::Batched(None);
                 } else if tx.push(&mut self.scratch).is_err() {
-                    // Its consumer is gone: the values stay here, and the slot is pruned.
+                    // Its consumer is gone: the slot is pruned.
                     self.out = Out::Batched(None);
                 }
-                self.scratch.clear();
-                true
+                dropped.extend(self.scratch.drain(..));
             }
         }
     }
 }
 
-/// Hands `value` to a drop-oldest output without waiting: a full buffer drops its oldest.
+/// Hands `value` to a drop-oldest output without waiting: a full buffer drops its oldest
+/// (into `dropped`).
 fn offer<T>(
     tx: &async_channel::Sender<T>,
     evict: &async_channel::Receiver<T>,
     state: &OutputState,
     mut value: T,
+    dropped: &mut Vec<T>,
 ) {
     loop {
         match tx.try_send(value) {
-            Ok(()) | Err(async_channel::TrySendError::Closed(_)) => return,
+            Ok(()) => return,
+            Err(async_channel::TrySendError::Closed(back)) => {
+                dropped.push(back);
+                return;
+            }
             Err(async_channel::TrySendError::Full(back)) => {
-                if evict.try_recv().is_ok() {
+                if let Ok(oldest) = evict.try_recv() {
+                    dropped.push(oldest);
                     // Relaxed: an independent counter.
                     state.lagged.fetch_add(1, Ordering::Relaxed);
                 }
@@ -387,21 +400,27 @@ where
     S::Item: Clone,
 {
     let mut input = pin!(input);
+    let name = TaskName::from("tee");
+    let mut dropped = Vec::new();
     loop {
         // The input's `poll_next` and `T::clone` are user code: a panic there ends the tee,
         // but the values copied before it still go out.
-        let read = catch_panic("tee", read_batch(input.as_mut(), slots, watch)).await;
+        let read = catch_panic(name.clone(), read_batch(input.as_mut(), slots, watch)).await;
         for slot in slots.iter_mut() {
-            if !slot.deliver(watch).await {
-                return Ok(()); // cancelled while waiting for room
-            }
+            slot.deliver(watch, &mut dropped).await;
+        }
+        // After every output had its share: a `Drop` that panics is logged and costs no
+        // output a value.
+        for value in dropped.drain(..) {
+            drop_caught(&name, value);
         }
         // Outputs disconnected or dropped just now: when none is left, stop at once rather
         // than at the next value.
         prune(slots);
         match read {
-            Ok(Read::More) if !slots.is_empty() => {}
-            Ok(_) => return Ok(()), // cancelled, the input ended, or every output is gone
+            Ok(Read::More) if !slots.is_empty() && !watch.is_cancelled() => {}
+            // Cancelled, the input ended, or every output is gone.
+            Ok(_) => return Ok(()),
             Err(panic) => return Err(panic),
         }
     }

@@ -11,6 +11,12 @@ use crate::{PanicError, TokenWatch, catch_panic};
 
 pub mod chan;
 
+/// Drops a user value on one of our tasks: a panic of its `Drop` is caught and logged
+/// (with `name`), instead of taking the task down.
+pub fn drop_caught<T>(name: &crate::TaskName, value: T) {
+    crate::catch::drop_caught(name, value);
+}
+
 /// The buffer of a stage or an output when the caller names none (the pipeline's stages, the
 /// tee's outputs).
 pub const DEFAULT_CAPACITY: usize = 32;

@@ -355,3 +355,102 @@ async fn a_tee_over_an_always_ready_input_gives_way_within_1024_values() {
     );
     drop(outputs);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_dropped_lockstep_output_is_noticed_and_no_longer_fed() {
+    let clones = Arc::new(AtomicUsize::new(0));
+    let (tx, rx) = tokio::sync::mpsc::channel::<Counted>(1);
+    let input =
+        futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|v| (v, rx)) });
+    let mut outputs = tee_with(
+        CancellationToken::new(),
+        input,
+        [Policy::lockstep(8), Policy::lockstep(8)],
+    );
+    let mut kept = outputs.remove(0);
+    tx.send(Counted(1, Arc::clone(&clones))).await.unwrap();
+    assert_eq!(kept.next().await.map(|c| c.0), Some(1));
+    assert_eq!(
+        clones.load(Ordering::SeqCst),
+        1,
+        "one clone while both are live"
+    );
+    drop(outputs); // the second lockstep output, its buffer holding value 1
+    for n in 2..=4 {
+        tx.send(Counted(n, Arc::clone(&clones))).await.unwrap();
+        assert_eq!(kept.next().await.map(|c| c.0), Some(n));
+    }
+    assert_eq!(
+        clones.load(Ordering::SeqCst),
+        1,
+        "no clone for an output that is gone"
+    );
+    drop(tx);
+    assert!(kept.next().await.is_none());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_cancel_while_waiting_on_a_full_output_still_hands_the_value_to_those_with_room() {
+    let token = CancellationToken::new();
+    let (tx, rx) = tokio::sync::mpsc::channel::<u32>(1);
+    let input =
+        futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|v| (v, rx)) });
+    let mut outputs = tee_with(
+        token.clone(),
+        input,
+        [Policy::lockstep(1), Policy::lockstep(8)],
+    );
+    let roomy = outputs.pop().unwrap();
+    let full = outputs.pop().unwrap();
+    tx.send(0).await.unwrap();
+    tx.send(1).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    // The first output holds 0, and the tee waits for room there with 1.
+    assert_eq!((full.len(), roomy.len()), (1, 1));
+    token.cancel();
+    assert_eq!(
+        roomy.collect::<Vec<_>>().await,
+        [0, 1],
+        "1 read before the cancel"
+    );
+    assert_eq!(full.collect::<Vec<_>>().await, [0]);
+}
+
+/// Panics when dropped, once (the first drop of any copy of the armed value).
+#[derive(Clone, Debug)]
+struct Bomb(u32, Arc<AtomicUsize>);
+
+impl Drop for Bomb {
+    fn drop(&mut self) {
+        if self.0 == 3 && self.1.fetch_add(1, Ordering::SeqCst) == 0 {
+            panic!("value 3 exploded");
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_value_whose_drop_panics_when_evicted_costs_no_output_a_value() {
+    let fuse = Arc::new(AtomicUsize::new(0));
+    let values: Vec<Bomb> = (0..10).map(|n| Bomb(n, Arc::clone(&fuse))).collect();
+    let mut outputs = tee_with(
+        CancellationToken::new(),
+        futures::stream::iter(values),
+        [Policy::lockstep(16), Policy::drop_oldest(1)],
+    );
+    let dashboard = outputs.pop().unwrap();
+    let archive = outputs.pop().unwrap();
+    // One batch of ten: the drop-oldest output keeps 9 and evicts 0 to 8, whose copies the
+    // tee drops after the archive has its share; the copy of 3 panics there.
+    let archived: Vec<u32> = archive.map(|b| b.0).collect().await;
+    assert_eq!(archived, (0..10).collect::<Vec<_>>());
+    assert!(
+        fuse.load(Ordering::SeqCst) > 0,
+        "the armed copy was dropped"
+    );
+    assert!(
+        dashboard.panic().is_none(),
+        "caught and logged, not the tee's end"
+    );
+    assert_eq!(dashboard.lagged(), 9);
+    assert_eq!(dashboard.map(|b| b.0).collect::<Vec<_>>().await, [9]);
+}

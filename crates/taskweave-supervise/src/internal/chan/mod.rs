@@ -60,6 +60,9 @@ struct Shared<T> {
     /// hand on what it has now rather than at the end of its turn. Only a hint: no wake-up
     /// rests on it (those go through `state`).
     rx_parked: AtomicBool,
+    /// The receiver is gone: `rx_closed` readable without the lock, for a sender that wants to
+    /// know before it prepares a push (the push itself checks `rx_closed`).
+    rx_gone: AtomicBool,
     state: Mutex<State<T>>,
 }
 
@@ -91,6 +94,7 @@ pub fn bounded<T>(capacity: usize) -> (Sender<T>, Receiver<T>) {
         count: AtomicUsize::new(0),
         capacity,
         rx_parked: AtomicBool::new(false),
+        rx_gone: AtomicBool::new(false),
         state: Mutex::new(State {
             queue: VecDeque::new(),
             rx_waker: None,
@@ -186,7 +190,7 @@ impl<T> Sender<T> {
             }
             assert!(
                 self.len() + n <= self.shared.capacity,
-                "taskweave-pipeline: a stage pushed past the room of its output"
+                "taskweave: a sender pushed past the room of its channel"
             );
             if state.queue.is_empty() {
                 // Usually so (the receiver swapped the queue out): swap back, no copy.
@@ -207,6 +211,11 @@ impl<T> Sender<T> {
 }
 
 impl<T> Sender<T> {
+    /// `true` once the receiver is gone: every later push is refused.
+    pub fn receiver_gone(&self) -> bool {
+        self.shared.rx_gone.load(Ordering::Acquire)
+    }
+
     /// `true` while the receiver waits for items (see `Shared::rx_parked`).
     #[inline]
     pub fn receiver_parked(&self) -> bool {
@@ -232,8 +241,9 @@ pub struct Receiver<T> {
     shared: Arc<Shared<T>>,
     /// Items taken from the queue in one go, yielded from here without the lock; still
     /// counted in `count` until yielded. Only ever reached through `&mut self`
-    /// (`Mutex::get_mut`, which takes no lock): the mutex is there so that `Stage<T>` is
-    /// `Sync` whenever `T: Send`, as a bare `VecDeque<T>` is only when `T: Sync`.
+    /// (`Mutex::get_mut`, which takes no lock): the mutex is there so that the receiver (and
+    /// the pipeline's `Stage<T>`, the tee's `TeeOutput<T>` holding it) is `Sync` whenever
+    /// `T: Send`, as a bare `VecDeque<T>` is only when `T: Sync`.
     buffer: std::sync::Mutex<VecDeque<T>>,
 }
 
@@ -357,6 +367,8 @@ impl<T> Drop for Receiver<T> {
         let (queue, waker) = {
             let mut state = lock(&self.shared.state);
             state.rx_closed = true;
+            // Release pairs with the Acquire in `Sender::receiver_gone`.
+            self.shared.rx_gone.store(true, Ordering::Release);
             // Nobody waits for items any more: no early pushes for a reader that is gone.
             self.shared.rx_parked.store(false, Ordering::Relaxed);
             (mem::take(&mut state.queue), state.tx_waker.take())
