@@ -78,6 +78,25 @@ fn spawn_and_join(c: &mut Criterion) {
             });
         });
 
+        // The same work as the `tokio::spawn` row: every handle kept and awaited.
+        group.bench_function(BenchmarkId::new("Supervisor::spawn, joined", TASKS), |b| {
+            b.iter(|| {
+                runtime.block_on(async {
+                    let supervisor = Supervisor::new(CancellationToken::new());
+                    let handles: Vec<_> = (0..TASKS)
+                        .map(|i| {
+                            supervisor
+                                .spawn("bench", async move { black_box(i) })
+                                .unwrap()
+                        })
+                        .collect();
+                    for handle in handles {
+                        black_box(handle.await.unwrap());
+                    }
+                });
+            });
+        });
+
         group.finish();
     }
 }

@@ -102,7 +102,7 @@ impl Supervisor {
                 state
                     .tasks
                     .iter()
-                    .filter(|(_, entry)| me.is_none() || entry.task != me)
+                    .filter(|(_, entry)| me.is_none() || entry.task() != me)
                     .filter_map(|(_, entry)| entry.abort.clone())
                     .collect()
             };
@@ -119,7 +119,7 @@ impl Supervisor {
                     .state()
                     .tasks
                     .iter()
-                    .filter(|(_, entry)| me.is_none() || entry.task != me)
+                    .filter(|(_, entry)| me.is_none() || entry.task() != me)
                     .map(|(_, entry)| entry.name.clone())
                     .collect();
             }

@@ -114,7 +114,7 @@ impl State {
         self.closed
             && match self.tasks.len() {
                 0 => true,
-                1 => except.is_some() && self.tasks.iter().all(|(_, entry)| entry.task == except),
+                1 => except.is_some() && self.tasks.iter().all(|(_, entry)| entry.task() == except),
                 _ => false,
             }
     }
@@ -125,7 +125,13 @@ struct Entry {
     name: TaskName,
     /// Set once the task is spawned (see `launch`).
     abort: Option<AbortHandle>,
-    task: Option<Id>,
+}
+
+impl Entry {
+    /// The task's id, once it is spawned.
+    fn task(&self) -> Option<Id> {
+        self.abort.as_ref().map(AbortHandle::id)
+    }
 }
 
 #[derive(Default)]

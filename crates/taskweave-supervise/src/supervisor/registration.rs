@@ -76,7 +76,6 @@ impl Supervisor {
             id,
             name: name.clone(),
             abort: None,
-            task: None,
         });
         state.spawned += 1;
         Some(Registration {
@@ -111,20 +110,21 @@ impl Supervisor {
         // future inline, and the registration's `Drop` takes the lock.
         let join = runtime.spawn(supervised);
         let abort = join.abort_handle();
-        let mut state = self.state();
-        let aborting = state.aborting;
-        let registered = match state.tasks.get_mut(key) {
+        let mut guard = self.state();
+        let state = &mut *guard;
+        // A drain deadline passed between `register` and here: the sweep missed this task.
+        // (A clone of the abort handle only then: it costs two atomic operations per task.)
+        let abort_now = match state.tasks.get_mut(key) {
             Some(entry) if entry.id == id => {
-                entry.abort = Some(abort.clone());
-                entry.task = Some(join.id());
-                true
+                let abort_now = state.aborting.then(|| abort.clone());
+                entry.abort = Some(abort);
+                abort_now
             }
             // Already finished and removed (the slot may even hold a newer task).
-            _ => false,
+            _ => None,
         };
-        drop(state);
-        // A drain deadline passed between `register` and here: the sweep missed this task.
-        if registered && aborting {
+        drop(guard);
+        if let Some(abort) = abort_now {
             abort.abort();
         }
         TaskHandle::new(name, join)
