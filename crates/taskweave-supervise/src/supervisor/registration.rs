@@ -112,20 +112,23 @@ impl Supervisor {
         let abort = join.abort_handle();
         let mut guard = self.state();
         let state = &mut *guard;
-        // A drain deadline passed between `register` and here: the sweep missed this task.
-        // (A clone of the abort handle only then: it costs two atomic operations per task.)
-        let abort_now = match state.tasks.get_mut(key) {
+        let (abort_now, maybe_drained) = match state.tasks.get_mut(key) {
             Some(entry) if entry.id == id => {
-                let abort_now = state.aborting.then(|| abort.clone());
                 entry.abort = Some(abort);
-                abort_now
+                // A drain deadline passed between `register` and here: the sweep missed this
+                // task. And a task that already runs (multi-thread) may be waiting for a
+                // drain that needs its own id, known only from now on.
+                (state.aborting, state.closed && state.tasks.len() == 1)
             }
             // Already finished and removed (the slot may even hold a newer task).
-            _ => None,
+            _ => (false, false),
         };
         drop(guard);
-        if let Some(abort) = abort_now {
-            abort.abort();
+        if abort_now {
+            join.abort();
+        }
+        if maybe_drained {
+            self.shared.drained.notify_waiters();
         }
         TaskHandle::new(name, join)
     }
