@@ -109,6 +109,12 @@ struct State {
 }
 
 impl State {
+    /// Closed with at most one task left: a drain waiter may be done (the one left may be the
+    /// waiter itself, which checks), so it is woken.
+    fn may_be_drained(&self) -> bool {
+        self.closed && self.tasks.len() <= 1
+    }
+
     /// Closed, and no task left but (optionally) the caller's own.
     fn is_drained(&self, except: Option<Id>) -> bool {
         self.closed

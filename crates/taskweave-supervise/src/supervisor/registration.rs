@@ -118,7 +118,7 @@ impl Supervisor {
                 // A drain deadline passed between `register` and here: the sweep missed this
                 // task. And a task that already runs (multi-thread) may be waiting for a
                 // drain that needs its own id, known only from now on.
-                (state.aborting, state.closed && state.tasks.len() == 1)
+                (state.aborting, state.may_be_drained())
             }
             // Already finished and removed (the slot may even hold a newer task).
             _ => (false, false),
@@ -188,7 +188,7 @@ impl Drop for Registration {
         }
         // The outcome is recorded before any drain waiter can wake. With one task left, a
         // waiter that is that very task is drained; it checks for itself.
-        let maybe_drained = state.closed && state.tasks.len() <= 1;
+        let maybe_drained = state.may_be_drained();
         drop(guard);
         if maybe_drained {
             self.shared.drained.notify_waiters();
