@@ -2,10 +2,13 @@
 //! `map_parallel_all` (every outcome, in input order).
 
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
-use std::task::Poll;
+use std::task::{Context, Poll};
 
-use taskweave_supervise::{PanicError, TokenWatch, catch_panic};
+use pin_project_lite::pin_project;
+
+use taskweave_supervise::{CatchPanic, PanicError, TokenWatch, catch_panic};
 use tokio::task::{Id, JoinSet};
 use tokio_util::sync::CancellationToken;
 
@@ -213,19 +216,15 @@ where
                 break;
             };
             reserve(&mut slots, index);
-            let f = Arc::clone(&f);
             let (lane, call_token) = lanes.take();
-            let handle = calls.spawn(async move {
-                // `f` is called on the call's task, inside the catch: a panic in its
-                // synchronous part is the call's panic too.
-                let outcome =
-                    catch_panic("map-call", async move { f(call_token, item).await }).await;
-                let outcome = match outcome {
-                    Ok(Ok(value)) => Ok(value),
-                    Ok(Err(error)) => Err(TaskFailure::Failed(error)),
-                    Err(panic) => Err(TaskFailure::Panicked(panic)),
-                };
-                (lane, outcome)
+            let call = Call::Start {
+                f: Arc::clone(&f),
+                token: call_token,
+                item,
+            };
+            let handle = calls.spawn(InLane {
+                lane,
+                call: catch_panic("map-call", call),
             });
             lanes.start(lane, handle.id(), index);
         }
@@ -363,5 +362,70 @@ impl Lanes {
 impl Drop for Lanes {
     fn drop(&mut self) {
         self.cancel_busy();
+    }
+}
+
+pin_project! {
+    /// A call before and after its first poll: `f` is called there, on the call's task and
+    /// inside the `catch_panic`, so a panic in its synchronous part is the call's panic too.
+    /// One future whose states share their memory, rather than an `async` block around
+    /// another: the task's cell stays small (its future is moved on spawn and overwritten
+    /// by its output).
+    #[project = CallProj]
+    #[project_replace = CallReplace]
+    enum Call<F, T, Fut> {
+        Start { f: Arc<F>, token: CancellationToken, item: T },
+        Running { #[pin] future: Fut },
+        Taken,
+    }
+}
+
+impl<F, T, R, E, Fut> Future for Call<F, T, Fut>
+where
+    F: Fn(CancellationToken, T) -> Fut,
+    Fut: Future<Output = Result<R, E>>,
+{
+    type Output = Result<R, E>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        if let CallProj::Start { .. } = self.as_mut().project() {
+            let CallReplace::Start { f, token, item } = self.as_mut().project_replace(Call::Taken)
+            else {
+                unreachable!("matched just above");
+            };
+            let future = f(token, item);
+            self.set(Call::Running { future });
+        }
+        match self.project() {
+            CallProj::Running { future } => future.poll(cx),
+            // `catch_panic` drops a call that panicked and never polls it again.
+            CallProj::Start { .. } | CallProj::Taken => unreachable!("polled after its end"),
+        }
+    }
+}
+
+pin_project! {
+    /// A call's task: the call, caught, and the lane it runs in, returned with its outcome.
+    struct InLane<C> {
+        lane: usize,
+        #[pin]
+        call: CatchPanic<C>,
+    }
+}
+
+impl<C, R, E> Future for InLane<C>
+where
+    C: Future<Output = Result<R, E>>,
+{
+    type Output = (usize, Result<R, TaskFailure<E>>);
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        let outcome = match std::task::ready!(this.call.poll(cx)) {
+            Ok(Ok(value)) => Ok(value),
+            Ok(Err(error)) => Err(TaskFailure::Failed(error)),
+            Err(panic) => Err(TaskFailure::Panicked(panic)),
+        };
+        Poll::Ready((*this.lane, outcome))
     }
 }

@@ -261,6 +261,29 @@ async fn collect_all_reports_a_panicking_call_at_its_index() {
     assert_eq!(outcomes.iter().filter(|o| o.is_ok()).count(), 3);
 }
 
+// `f` is called on the call's task, inside its catch: a panic before its future exists is
+// that item's panic, not the caller's.
+#[tokio::test(start_paused = true)]
+async fn a_panic_in_the_synchronous_part_of_a_call_is_that_items_failure() {
+    let outcomes = map_parallel_all(CancellationToken::new(), 0..4_u8, 2, |_token, n| {
+        assert!(n != 2, "bad item, before any future");
+        async move { Ok::<_, String>(n * 10) }
+    })
+    .await;
+    let failure = outcomes[2].as_ref().unwrap_err();
+    assert!(failure.is_panic());
+    let panic = match failure {
+        TaskFailure::Panicked(panic) => panic,
+        other => panic!("expected a panic, got {other:?}"),
+    };
+    assert_eq!(panic.message(), "bad item, before any future");
+    let values: Vec<_> = outcomes
+        .iter()
+        .filter_map(|outcome| outcome.as_ref().ok().copied())
+        .collect();
+    assert_eq!(values, [0, 10, 30]);
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_huge_limit_means_no_limit() {
     let results = map_parallel(
