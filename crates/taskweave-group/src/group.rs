@@ -4,13 +4,11 @@ use std::cell::{Cell, RefCell};
 use std::fmt;
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
-use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll};
+use std::task::Poll;
 
-use pin_project_lite::pin_project;
-use taskweave_supervise::{CatchPanic, PanicError, catch_panic};
+use taskweave_supervise::{PanicError, catch_panic};
 use tokio::task::{JoinError, JoinSet};
 use tokio_util::sync::CancellationToken;
 
@@ -133,89 +131,22 @@ thread_local! {
     static BURIED: RefCell<Vec<Box<dyn Send>>> = const { RefCell::new(Vec::new()) };
 }
 
-pin_project! {
-    /// A group's task: the user's future, caught, then the failure recorded and the slot
-    /// freed. One future whose stages share their memory, rather than `async` blocks nested
-    /// around the user's future: the task's cell stays small (it is moved on spawn and
-    /// overwritten by the output), which measured a few per cent per spawn.
-    struct GroupTask<F, E>
-    where
-        F: Send,
-        F: 'static,
-    {
-        #[pin]
-        stage: Stage<F>,
-        inner: Arc<Inner<E>>,
-        permit: Slot,
-    }
+/// Holds a task's user future until the task's first poll. If tokio drops the task before
+/// (inside `spawn`, when the runtime is shutting down), the future's `Drop` (user code) would
+/// run under the `tasks` lock; it is moved to `BURIED` instead, and dropped after the lock.
+struct Unstarted<F: Send + 'static> {
+    future: Option<F>,
+}
 
-    impl<F, E> PinnedDrop for GroupTask<F, E>
-    where
-        F: Send,
-        F: 'static,
-    {
-        fn drop(this: Pin<&mut Self>) {
-            // A task tokio drops inside `spawn` (when the runtime is shutting down) still has
-            // its user future: its `Drop` (user code) would run under the `tasks` lock. It is
-            // moved to `BURIED` instead, and dropped after the lock.
-            let mut stage = this.project().stage;
-            if SPAWNING.with(Cell::get)
-                && let StageProj::Unstarted { .. } = stage.as_mut().project()
-                && let StageReplace::Unstarted { future } = stage.project_replace(Stage::Done)
-            {
+impl<F: Send + 'static> Drop for Unstarted<F> {
+    fn drop(&mut self) {
+        if let Some(future) = self.future.take() {
+            if SPAWNING.with(Cell::get) {
                 BURIED.with(|buried| buried.borrow_mut().push(Box::new(future)));
+            } else {
+                drop(future);
             }
         }
-    }
-}
-
-pin_project! {
-    #[project = StageProj]
-    #[project_replace = StageReplace]
-    enum Stage<F> {
-        // Not pinned: it has not been polled, and may still move (to `BURIED`, or into the
-        // catch at the first poll).
-        Unstarted { future: F },
-        Running { #[pin] caught: CatchPanic<F> },
-        Done,
-    }
-}
-
-impl<F, E> Future for GroupTask<F, E>
-where
-    F: Future<Output = Result<(), E>> + Send + 'static,
-    E: Send + 'static,
-{
-    type Output = ();
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-        let mut this = self.project();
-        if let StageProj::Unstarted { .. } = this.stage.as_mut().project()
-            && let StageReplace::Unstarted { future } =
-                this.stage.as_mut().project_replace(Stage::Done)
-        {
-            this.stage.set(Stage::Running {
-                caught: catch_panic("group-task", future),
-            });
-        }
-        let StageProj::Running { caught } = this.stage.as_mut().project() else {
-            unreachable!("a group task is polled until it is ready, and not after");
-        };
-        let failure = match std::task::ready!(caught.poll(cx)) {
-            Ok(Ok(())) => None,
-            Ok(Err(error)) => Some(TaskFailure::Failed(error)),
-            Err(panic) => Some(TaskFailure::Panicked(panic)),
-        };
-        this.stage.set(Stage::Done);
-        if let Some(failure) = failure {
-            // The failure is recorded before the token is cancelled, so a sibling that fails
-            // because of this cancellation always comes second.
-            this.inner.record(failure);
-        }
-        // And the slot is freed only after that: a spawn waiting for it then sees the group
-        // cancelled, like Go's errgroup.
-        drop(this.permit.take());
-        Poll::Ready(())
     }
 }
 
@@ -468,14 +399,31 @@ impl<E: Send + 'static> Inner<E> {
             return Err(SpawnError::Cancelled(future));
         }
         tasks.spawned = true;
-        let task = GroupTask {
-            stage: Stage::Unstarted { future },
-            inner: Arc::clone(self),
-            permit,
+        let inner = Arc::clone(self);
+        let mut unstarted = Unstarted {
+            future: Some(future),
         };
         SPAWNING.with(|flag| flag.set(true));
         let spawning = ResetOnDrop;
-        tasks.set.spawn(task);
+        tasks.set.spawn(async move {
+            let future = unstarted
+                .future
+                .take()
+                .expect("taken once, at the first poll");
+            drop(unstarted);
+            let outcome = catch_panic("group-task", future).await;
+            let failure = match outcome {
+                Ok(Ok(())) => return,
+                Ok(Err(error)) => TaskFailure::Failed(error),
+                Err(panic) => TaskFailure::Panicked(panic),
+            };
+            // The failure is recorded before the token is cancelled, so a sibling that fails
+            // because of this cancellation always comes second.
+            inner.record(failure);
+            // And the slot is freed only after that (it is dropped with the task's future):
+            // a spawn waiting for it then sees the group cancelled, like Go's errgroup.
+            drop(permit);
+        });
         drop(spawning);
         drop(tasks);
         Ok(())
@@ -499,8 +447,10 @@ impl<E: Send + 'static> Inner<E> {
         failed
     }
 
-    /// What a finished task left: nothing, unless its future panicked in its destructor (a
-    /// task cannot panic out of its `catch_panic`, and only the group's drop aborts).
+    /// What a finished task left: nothing, unless a panic escaped its poll (its failure is
+    /// caught and recorded inside, but a `tracing` subscriber that panics while the caught
+    /// panic is logged is outside the catch) or its future panicked in its destructor while
+    /// tokio aborted it (a runtime shutting down; the group's drop takes the set away first).
     /// Returns `true` when it recorded a failure, for the caller to cancel the token once it
     /// has released the `tasks` lock.
     fn joined(&self, joined: Result<(), JoinError>) -> bool {

@@ -270,18 +270,85 @@ async fn a_panic_in_the_synchronous_part_of_a_call_is_that_items_failure() {
         async move { Ok::<_, String>(n * 10) }
     })
     .await;
-    let failure = outcomes[2].as_ref().unwrap_err();
-    assert!(failure.is_panic());
-    let panic = match failure {
+    let panic = match outcomes[2].as_ref().unwrap_err() {
         TaskFailure::Panicked(panic) => panic,
         other => panic!("expected a panic, got {other:?}"),
     };
     assert_eq!(panic.message(), "bad item, before any future");
+    // Caught with the capture on, as a panic inside the call's future would be.
+    assert!(panic.location().is_some(), "{panic:?}");
     let values: Vec<_> = outcomes
         .iter()
         .filter_map(|outcome| outcome.as_ref().ok().copied())
         .collect();
     assert_eq!(values, [0, 10, 30]);
+}
+
+// A call's future is kept until the catch around it drops it: a destructor that panics after
+// the call returned is that item's panic, and nothing waits for it.
+#[tokio::test(start_paused = true)]
+async fn a_call_whose_future_panics_in_its_destructor_is_that_items_failure() {
+    let baseline = alive_tasks();
+    let outcomes = tokio::time::timeout(
+        Duration::from_secs(5),
+        map_parallel_all(
+            CancellationToken::new(),
+            0..3_u8,
+            2,
+            |_token, n| async move {
+                if n == 1 {
+                    taskweave_testkit::ReadyThenPanicOnDrop::new("the call's future").await
+                } else {
+                    Ok(())
+                }
+            },
+        ),
+    )
+    .await
+    .expect("the map did not hang");
+    assert!(outcomes[0].is_ok() && outcomes[2].is_ok(), "{outcomes:?}");
+    assert!(outcomes[1].as_ref().unwrap_err().is_panic(), "{outcomes:?}");
+    assert_no_leaked_tasks(baseline).await;
+}
+
+/// An item that counts its drops.
+struct Counted(Arc<AtomicUsize>);
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        self.0.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+// `f` is called at a call's first poll: a map dropped before its calls ran never calls it,
+// and every item it read is dropped with the aborted calls (the rest with the input).
+#[tokio::test(start_paused = true)]
+async fn a_call_aborted_before_its_first_poll_never_calls_f_and_drops_its_item() {
+    let baseline = alive_tasks();
+    let (called, dropped) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let items: Vec<_> = (0..5).map(|_| Counted(Arc::clone(&dropped))).collect();
+    let f = {
+        let called = Arc::clone(&called);
+        move |_token, item: Counted| {
+            called.fetch_add(1, Ordering::SeqCst);
+            async move {
+                drop(item);
+                Ok::<_, String>(())
+            }
+        }
+    };
+    let mut map = tokio_test::task::spawn(map_parallel(CancellationToken::new(), items, 2, f));
+    // One poll spawns two calls, which this current-thread runtime has not run yet.
+    assert!(map.poll().is_pending());
+    assert_eq!(alive_tasks(), baseline + 2);
+    drop(map);
+    assert_no_leaked_tasks(baseline).await;
+    assert_eq!(
+        called.load(Ordering::SeqCst),
+        0,
+        "f ran for an aborted call"
+    );
+    assert_eq!(dropped.load(Ordering::SeqCst), 5, "an item was leaked");
 }
 
 #[tokio::test(start_paused = true)]
