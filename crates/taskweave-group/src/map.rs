@@ -376,7 +376,7 @@ pin_project! {
     /// One future whose states share their memory, rather than an `async` block around
     /// another, which reserved room for `f`, the token and the item twice beside `f`'s
     /// future: 104 bytes instead of 168 for the bench's call, about 5 % off the map on the
-    /// current-thread runtime (`docs/benchmarks.md`, group section).
+    /// current-thread runtime (`docs/benchmarks.md`, the 2026-12-02 evening block).
     #[project = CallProj]
     #[project_replace = CallReplace]
     enum Call<F, T, Fut> {

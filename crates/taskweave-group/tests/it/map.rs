@@ -1,5 +1,7 @@
 //! Ordered parallel map: input order, first failure cancels, collect-all, limits.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -285,29 +287,33 @@ async fn a_panic_in_the_synchronous_part_of_a_call_is_that_items_failure() {
 }
 
 // A call's future is kept until the catch around it drops it: a destructor that panics after
-// the call returned is that item's panic, and nothing waits for it.
+// the call returned is that item's panic, caught with the capture on (a panic tokio caught
+// instead would come back without a location), and nothing waits for it.
 #[tokio::test(start_paused = true)]
 async fn a_call_whose_future_panics_in_its_destructor_is_that_items_failure() {
+    type Call = Pin<Box<dyn Future<Output = Result<(), String>> + Send>>;
     let baseline = alive_tasks();
     let outcomes = tokio::time::timeout(
         Duration::from_secs(5),
-        map_parallel_all(
-            CancellationToken::new(),
-            0..3_u8,
-            2,
-            |_token, n| async move {
-                if n == 1 {
-                    taskweave_testkit::ReadyThenPanicOnDrop::new("the call's future").await
-                } else {
-                    Ok(())
-                }
-            },
-        ),
+        map_parallel_all(CancellationToken::new(), 0..3_u8, 2, |_token, n| -> Call {
+            if n == 1 {
+                Box::pin(taskweave_testkit::ReadyThenPanicOnDrop::new(
+                    "the call's future",
+                ))
+            } else {
+                Box::pin(async { Ok(()) })
+            }
+        }),
     )
     .await
-    .expect("the map did not hang");
+    .expect("the map hung");
     assert!(outcomes[0].is_ok() && outcomes[2].is_ok(), "{outcomes:?}");
-    assert!(outcomes[1].as_ref().unwrap_err().is_panic(), "{outcomes:?}");
+    let panic = match outcomes[1].as_ref().unwrap_err() {
+        TaskFailure::Panicked(panic) => panic,
+        other => panic!("expected a panic, got {other:?}"),
+    };
+    assert_eq!(panic.message(), "the call's future panicked in its Drop");
+    assert!(panic.location().is_some(), "{panic:?}");
     assert_no_leaked_tasks(baseline).await;
 }
 
