@@ -8,6 +8,7 @@ use taskweave_supervise::{PanicError, catch_panic};
 use tokio::task::{Id, JoinSet};
 use tokio_util::sync::CancellationToken;
 
+use crate::error::from_caught;
 use crate::slots::{Slot, Slots};
 use crate::{SpawnError, TaskFailure};
 
@@ -186,11 +187,7 @@ impl<L: Send + 'static, E: Send + 'static> CollectGroup<L, E> {
         let handle = self.tasks.spawn(async move {
             let outcome = catch_panic("collect-task", future).await;
             drop(permit);
-            match outcome {
-                Ok(Ok(())) => Ok(()),
-                Ok(Err(error)) => Err(TaskFailure::Failed(error)),
-                Err(panic) => Err(TaskFailure::Panicked(panic)),
-            }
+            from_caught(outcome)
         });
         self.labels.insert(handle.id(), (order, label));
     }

@@ -37,6 +37,18 @@ impl<E> TaskFailure<E> {
     }
 }
 
+/// What a task inside `catch_panic` came to, as the groups report it: its value, its own
+/// error or its panic.
+pub(crate) fn from_caught<R, E>(
+    outcome: Result<Result<R, E>, PanicError>,
+) -> Result<R, TaskFailure<E>> {
+    match outcome {
+        Ok(Ok(value)) => Ok(value),
+        Ok(Err(error)) => Err(TaskFailure::Failed(error)),
+        Err(panic) => Err(TaskFailure::Panicked(panic)),
+    }
+}
+
 impl<E: fmt::Display> fmt::Display for TaskFailure<E> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {

@@ -12,6 +12,7 @@ use taskweave_supervise::{PanicError, catch_panic};
 use tokio::task::{JoinError, JoinSet};
 use tokio_util::sync::CancellationToken;
 
+use crate::error::from_caught;
 use crate::slots::{Slot, Slots};
 use crate::{SpawnError, Spawner, TaskFailure};
 use taskweave_supervise::internal::lock;
@@ -411,11 +412,8 @@ impl<E: Send + 'static> Inner<E> {
                 .take()
                 .expect("taken once, at the first poll");
             drop(unstarted);
-            let outcome = catch_panic("group-task", future).await;
-            let failure = match outcome {
-                Ok(Ok(())) => return,
-                Ok(Err(error)) => TaskFailure::Failed(error),
-                Err(panic) => TaskFailure::Panicked(panic),
+            let Err(failure) = from_caught(catch_panic("group-task", future).await) else {
+                return;
             };
             // The failure is recorded before the token is cancelled, so a sibling that fails
             // because of this cancellation always comes second.

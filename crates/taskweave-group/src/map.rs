@@ -13,6 +13,7 @@ use tokio::task::{Id, JoinSet};
 use tokio_util::sync::CancellationToken;
 
 use crate::TaskFailure;
+use crate::error::from_caught;
 
 /// Applies `f` to every item with at most `limit` calls in flight, each on its own task, and
 /// returns the results **in input order**; the first failure cancels the rest.
@@ -427,11 +428,7 @@ where
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.project();
-        let outcome = match std::task::ready!(this.call.poll(cx)) {
-            Ok(Ok(value)) => Ok(value),
-            Ok(Err(error)) => Err(TaskFailure::Failed(error)),
-            Err(panic) => Err(TaskFailure::Panicked(panic)),
-        };
+        let outcome = from_caught(std::task::ready!(this.call.poll(cx)));
         Poll::Ready((*this.lane, outcome))
     }
 }

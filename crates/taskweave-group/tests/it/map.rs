@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use proptest::prelude::*;
-use taskweave_group::{TaskFailure, map_parallel, map_parallel_all};
+use taskweave_group::{PanicError, TaskFailure, map_parallel, map_parallel_all};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -263,6 +263,14 @@ async fn collect_all_reports_a_panicking_call_at_its_index() {
     assert_eq!(outcomes.iter().filter(|o| o.is_ok()).count(), 3);
 }
 
+/// The panic an outcome reports; any other outcome fails the test.
+fn panic_of<R: std::fmt::Debug>(outcome: &Result<R, TaskFailure<String>>) -> &PanicError {
+    match outcome {
+        Err(TaskFailure::Panicked(panic)) => panic,
+        other => panic!("expected a panic, got {other:?}"),
+    }
+}
+
 // `f` is called on the call's task, inside its catch: a panic before its future exists is
 // that item's panic, not the caller's.
 #[tokio::test(start_paused = true)]
@@ -272,10 +280,7 @@ async fn a_panic_in_the_synchronous_part_of_a_call_is_that_items_failure() {
         async move { Ok::<_, String>(n * 10) }
     })
     .await;
-    let panic = match outcomes[2].as_ref().unwrap_err() {
-        TaskFailure::Panicked(panic) => panic,
-        other => panic!("expected a panic, got {other:?}"),
-    };
+    let panic = panic_of(&outcomes[2]);
     assert_eq!(panic.message(), "bad item, before any future");
     // Caught with the capture on, as a panic inside the call's future would be.
     assert!(panic.location().is_some(), "{panic:?}");
@@ -308,10 +313,7 @@ async fn a_call_whose_future_panics_in_its_destructor_is_that_items_failure() {
     .await
     .expect("the map hung");
     assert!(outcomes[0].is_ok() && outcomes[2].is_ok(), "{outcomes:?}");
-    let panic = match outcomes[1].as_ref().unwrap_err() {
-        TaskFailure::Panicked(panic) => panic,
-        other => panic!("expected a panic, got {other:?}"),
-    };
+    let panic = panic_of(&outcomes[1]);
     assert_eq!(panic.message(), "the call's future panicked in its Drop");
     assert!(panic.location().is_some(), "{panic:?}");
     assert_no_leaked_tasks(baseline).await;
