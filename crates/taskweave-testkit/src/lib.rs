@@ -69,6 +69,17 @@ pub async fn assert_no_leaked_tasks(baseline: usize) {
     assert_eq!(alive_tasks(), baseline, "tasks leaked");
 }
 
+/// A value that counts its drops in a shared counter: to check that every item a test hands
+/// over is dropped exactly once (none leaked, none dropped twice).
+#[derive(Debug)]
+pub struct Counted(pub std::sync::Arc<std::sync::atomic::AtomicUsize>);
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
 /// A value whose `Drop` panics: the hostile user value that tests hand to our tasks (as a
 /// job's output or error, a panic payload, a key, or a guard held by a future).
 #[derive(Debug)]

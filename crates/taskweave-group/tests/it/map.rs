@@ -12,6 +12,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::support::{Concurrency, alive_tasks, assert_no_leaked_tasks};
+use taskweave_testkit::Counted;
 
 #[tokio::test(start_paused = true)]
 async fn results_come_back_in_input_order_with_the_limit_respected() {
@@ -317,15 +318,6 @@ async fn a_call_whose_future_panics_in_its_destructor_is_that_items_failure() {
     assert_eq!(panic.message(), "the call's future panicked in its Drop");
     assert!(panic.location().is_some(), "{panic:?}");
     assert_no_leaked_tasks(baseline).await;
-}
-
-/// An item that counts its drops.
-struct Counted(Arc<AtomicUsize>);
-
-impl Drop for Counted {
-    fn drop(&mut self) {
-        self.0.fetch_add(1, Ordering::SeqCst);
-    }
 }
 
 // `f` is called at a call's first poll: a map dropped before its calls ran never calls it,

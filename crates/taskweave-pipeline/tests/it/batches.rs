@@ -11,6 +11,7 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
 use crate::{alive_tasks, assert_no_leaked_tasks};
+use taskweave_testkit::Counted;
 
 /// Waits on the paused clock until `done` holds, failing (instead of hanging) after a
 /// second of virtual time.
@@ -113,15 +114,6 @@ async fn a_panic_in_the_middle_of_a_batch_keeps_the_items_finished_before_it() {
     assert_eq!((&mut out).collect::<Vec<_>>().await, [0, 2, 4]);
     let panic = out.end().and_then(StageEnd::panic).expect("the panic");
     assert_eq!((panic.name().as_ref(), panic.message()), ("picky", "six"));
-}
-
-/// An item that counts its drops.
-struct Counted(Arc<AtomicUsize>);
-
-impl Drop for Counted {
-    fn drop(&mut self) {
-        self.0.fetch_add(1, Ordering::SeqCst);
-    }
 }
 
 #[tokio::test(start_paused = true)]
