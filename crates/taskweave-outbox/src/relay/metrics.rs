@@ -150,6 +150,11 @@ impl fmt::Debug for RelayMetricsHandle {
 
 /// Cumulative counts of a relay, and the store's counts as it last read them
 /// ([`Store::stats`](crate::Store::stats): pending, the lag, parked).
+///
+/// Failed attempts are counted as they happen; a batch's other counts (`batches`,
+/// `dispatched`, `held_back`, `parked`, …) are added after its commit returns. So a reader
+/// who sees a batch's effect in the store (fewer pending events) can take a snapshot a
+/// moment before it includes that batch; a batch is counted before the relay claims the next.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct RelayMetrics {

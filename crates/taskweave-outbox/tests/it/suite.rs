@@ -321,6 +321,11 @@ pub(crate) async fn a_failing_key_waits_alone_while_the_others_flow<H: Harness>(
     let running = tokio::spawn(relay.run(token.clone()));
     eventually("the other keys", async || h.pending().await == 3).await;
     assert!(publisher.published().iter().all(|p| p.key != b"poison"));
+    // A batch is counted after its commit returns, a moment after the store shows it.
+    eventually("the 27 counted", async || {
+        metrics.snapshot().dispatched == 27
+    })
+    .await;
     let m = metrics.snapshot();
     assert!(m.retriable_failures >= 1 && m.held_back >= 2, "{m:?}");
     // The broker heals: the held key follows, in order.
