@@ -27,9 +27,10 @@
 //!
 //! The `WorkerPool/submit_many`, `…/take_8` and `…/submit_many+take_8` rows feed the same pool
 //! with `submit_many` of 64 jobs at a time and/or let each worker take up to 8 queued jobs at
-//! once (`take_per_worker(8)`); `…/take_32` lets a worker take up to 32. The `pool_scaling_workers` and `pool_scaling_queue` groups
-//! run 100,000 trivial jobs through 1, 2, 8 and 64 workers and through queues of 1, 64 and
-//! 4,096, against the async-channel pool of the same shape.
+//! once (`take_per_worker(8)`); `…/take_32` lets a worker take up to 32. The
+//! `pool_scaling_workers` and `pool_scaling_queue` groups run 100,000 trivial jobs through 1,
+//! 2, 8 and 64 workers and through queues of 1, 64 and 4,096, against the async-channel pool
+//! of the same shape.
 //!
 //! `cargo bench -p taskweave-benches --bench pool`; ratios in `docs/benchmarks.md`.
 
@@ -117,8 +118,9 @@ const ONE_BY_ONE: Feed = Feed {
 /// The `submit_many` size of the batched rows, and their `take_per_worker`.
 const BATCH: u64 = 64;
 const TAKE: usize = 8;
-/// A longer take: with a queue of 128 and two workers a worker's share is 64, so each
-/// wake-up of a blocked submitter finds up to 32 free slots instead of 8.
+/// A longer take: with a queue of 128 and four workers a worker's share of a full queue is
+/// 128 / 4 = 32, this cap, so a blocked submitter can be woken once per up to 32 freed
+/// slots instead of 8.
 const TAKE_LONG: usize = 32;
 
 /// The batched variants, with their row names.
