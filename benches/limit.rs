@@ -13,7 +13,9 @@
 //! call admits its key again, and each time a shard is full its buckets (all full again at
 //! once, the quota being huge) are dropped in one scan. It has no governor counterpart:
 //! governor's keyed limiter has no bound on its keys (it grows until `retain_recent` is
-//! called).
+//! called). `taskweave_past_bound_draining` is the same with a quota of one token an hour,
+//! so that no bucket is ever full again: a flood of new keys, where each full shard must
+//! drop draining buckets (the closest to full) to admit one.
 //!
 //! `cargo bench -p taskweave-benches --bench limit`; ratios in `docs/benchmarks.md`.
 
@@ -29,6 +31,12 @@ const OPS: u64 = 10_000;
 const KEYS: u64 = 1_000;
 const SCALING_OPS: usize = 100_000;
 const SCALING_KEYS: [usize; 3] = [1_000, 100_000, 1_000_000];
+
+/// One token an hour in bursts of a million: every bucket used stays draining for the
+/// whole run, so a full shard has no full bucket to drop and must choose among draining ones.
+fn draining() -> Quota {
+    Quota::every(Duration::from_secs(3600)).with_burst(1_000_000)
+}
 
 /// A huge rate, so that nearly every call is granted and the fast path is measured.
 fn huge() -> Quota {
@@ -132,11 +140,15 @@ fn keyed_scaling(c: &mut Criterion) {
             .build();
         let theirs = Governor::keyed(quota);
         let past_bound = KeyedRateLimiter::builder(huge()).max_keys(keys / 4).build();
+        let draining = KeyedRateLimiter::builder(draining())
+            .max_keys(keys / 4)
+            .build();
         let keys = keys as u64;
         // Every key in the map before the first call measured.
         for key in 0..keys {
             black_box(ours.allow(&key));
             black_box(theirs.check_key(&key).is_ok());
+            black_box(draining.allow(&key));
         }
         // With more keys than calls per iteration (1,000,000 against 100,000), starting again
         // at key 0 every iteration would touch only the first 100,000 keys (and never pass a
@@ -166,6 +178,17 @@ fn keyed_scaling(c: &mut Criterion) {
                 }
             });
         });
+        let mut order = (0..keys).cycle();
+        group.bench_function(
+            BenchmarkId::new("taskweave_past_bound_draining", keys),
+            |b| {
+                b.iter(|| {
+                    for key in order.by_ref().take(SCALING_OPS) {
+                        black_box(draining.allow(&key));
+                    }
+                });
+            },
+        );
     }
     group.finish();
 }

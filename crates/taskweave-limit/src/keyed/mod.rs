@@ -34,14 +34,17 @@ pub const DEFAULT_MAX_KEYS: usize = 100_000;
 ///   sweep (a task started at the first use inside a tokio runtime, stopped by the builder's
 ///   token or when the last handle is dropped) removes those every `sweep_every` (by default
 ///   the time to refill a whole burst). Building one needs no runtime.
-/// - When a new key arrives and its shard is full, full buckets are removed first; if every
-///   bucket is still draining, the one closest to full is dropped and its key starts again
-///   with a full burst. The bound therefore wins over the limit: with more keys active at
-///   once than a shard holds (`max_keys` spread over up to 16 shards), the evicted keys are
-///   not limited, and a client cycling through many keys can exploit that. Size `max_keys`
-///   above the number of keys you expect to be active within one refill time. (governor's
-///   keyed limiter grows until someone calls `retain_recent`.) Admitting a new key into a
-///   full shard scans that shard.
+/// - When a new key arrives and its shard is full, full buckets are removed first; if that
+///   frees less than a sixteenth of the shard, the draining buckets closest to full are
+///   dropped until a sixteenth is free, and their keys start again with a full burst. The
+///   bound therefore wins over the limit: with more keys active at once than a shard holds
+///   (`max_keys` spread over up to 16 shards), the evicted keys are not limited, and a
+///   client cycling through many keys can exploit that. Size `max_keys` above the number of
+///   keys you expect to be active within one refill time. (governor's keyed limiter grows
+///   until someone calls `retain_recent`.) Admitting a new key into a full shard scans that
+///   shard and frees room for the next sixteenth of its capacity, so a flood of new keys
+///   pays one scan per sixteenth of a shard admitted (about 16 entries per key, whatever the
+///   bound), not one per key.
 /// - Per key, the calls of [`RateLimiter`](crate::RateLimiter) with the same meaning:
 ///   [`allow`](Self::allow), [`allow_n`](Self::allow_n), [`check_n`](Self::check_n),
 ///   [`wait`](Self::wait), [`wait_n`](Self::wait_n), [`reserve_n`](Self::reserve_n) (with
@@ -252,19 +255,51 @@ impl<K: Hash + Eq> Inner<K> {
     }
 }
 
-/// Makes room in a full shard: drop the full buckets, or else the one closest to full.
-fn make_room<K: Hash + Eq + Clone>(shard: &mut HashMap<K, Bucket>, now: u64, capacity: usize) {
-    shard.retain(|_, bucket| bucket.tat > now);
-    if shard.len() < capacity {
+/// A full shard frees at least a sixteenth of its capacity (and at least one slot) each
+/// time it makes room, so that the scan is paid once per that many new keys rather than once
+/// per new key.
+const ROOM_DIVISOR: usize = 16;
+
+/// Makes room in a full shard: drop the full buckets; if that frees less than
+/// `capacity / ROOM_DIVISOR` slots (at least one), drop the buckets closest to full until it
+/// does.
+///
+/// Freeing one slot per scan would cost a scan of the shard per new key while every bucket is
+/// draining (a flood of new keys, the case the bound is for): with the default bound, 6,250
+/// entries under the shard's lock per call. Freeing a sixteenth makes it one scan per
+/// `capacity / 16` new keys. The price: up to that many draining buckets go a little before a new
+/// key needed their slot (each of them would have gone at the next new keys anyway while the
+/// flood lasts), and their keys start again with a full burst.
+fn make_room<K: Hash + Eq>(shard: &mut HashMap<K, Bucket>, now: u64, capacity: usize) {
+    let keep = capacity - (capacity / ROOM_DIVISOR).max(1);
+    // One pass drops the full buckets and notes the draining ones' times.
+    let mut tats = Vec::with_capacity(shard.len());
+    shard.retain(|_, bucket| {
+        let draining = bucket.tat > now;
+        if draining {
+            tats.push(bucket.tat);
+        }
+        draining
+    });
+    if shard.len() <= keep {
         return;
     }
-    let closest = shard
-        .iter()
-        .min_by_key(|(_, bucket)| bucket.tat)
-        .map(|(key, _)| key.clone());
-    if let Some(key) = closest {
-        shard.remove(&key);
-    }
+    let excess = shard.len() - keep;
+    // The `excess` smallest theoretical arrival times are the buckets closest to full: the
+    // `excess`-th smallest is the threshold; everything below it goes, and of the buckets
+    // at it, as many as make up `excess` (ties: any of them, all are equally full).
+    let (below, &mut threshold, _) = tats.select_nth_unstable(excess - 1);
+    let mut at_threshold = excess - below.iter().filter(|&&tat| tat < threshold).count();
+    shard.retain(|_, bucket| {
+        if bucket.tat < threshold {
+            false
+        } else if bucket.tat == threshold && at_threshold > 0 {
+            at_threshold -= 1;
+            false
+        } else {
+            true
+        }
+    });
 }
 
 impl<K> Clone for KeyedRateLimiter<K> {
@@ -287,3 +322,6 @@ impl<K> fmt::Debug for KeyedRateLimiter<K> {
             .finish_non_exhaustive()
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -100,6 +100,25 @@ async fn the_bound_holds_exactly_for_any_max_keys() {
     }
 }
 
+#[tokio::test(start_paused = true)]
+async fn a_flood_of_new_keys_evicts_the_keys_closest_to_full_not_the_drained_one() {
+    // 16 shards of 64; every flood key takes one token of ten and stays draining (the clock
+    // is paused), so making room must choose among draining buckets.
+    let limiter = paused(1, 10, 1_024).build();
+    let abuser = u32::MAX;
+    while limiter.allow(&abuser) {}
+    for key in 0..100_000_u32 {
+        assert!(limiter.allow(&key), "a new key has a full bucket");
+        assert!(limiter.len() <= 1_024, "bound exceeded: {}", limiter.len());
+    }
+    assert!(
+        !limiter.allow(&abuser),
+        "the drained key kept its bucket through 100,000 new keys"
+    );
+    // Each time a shard made room it freed 4 slots: never more than that short of full.
+    assert!(limiter.len() >= 1_024 - 16 * 4, "{} keys", limiter.len());
+}
+
 #[test]
 #[should_panic(expected = "max_keys must be greater than zero")]
 fn zero_keys_is_a_programmer_error() {
