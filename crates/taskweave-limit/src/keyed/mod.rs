@@ -42,9 +42,12 @@ pub const DEFAULT_MAX_KEYS: usize = 100_000;
 ///   client cycling through many keys can exploit that. Size `max_keys` above the number of
 ///   keys you expect to be active within one refill time. (governor's keyed limiter grows
 ///   until someone calls `retain_recent`.) Admitting a new key into a full shard scans that
-///   shard and frees room for the next sixteenth of its capacity, so a flood of new keys
-///   pays one scan per sixteenth of a shard admitted (about 16 entries per key, whatever the
-///   bound), not one per key.
+///   shard (two passes and a selection) and frees room for the next sixteenth of its
+///   capacity, so a flood of new keys pays one scan per sixteenth of a shard admitted, not
+///   one per key (shards of fewer than 32, a bound under 512, free one slot per scan; their
+///   scans are short). The price: one new key can reset up to a sixteenth of a shard's
+///   draining keys at once (about 390 at the default bound), not one; if the flood stops
+///   there, those keys lost their state for nothing.
 /// - Per key, the calls of [`RateLimiter`](crate::RateLimiter) with the same meaning:
 ///   [`allow`](Self::allow), [`allow_n`](Self::allow_n), [`check_n`](Self::check_n),
 ///   [`wait`](Self::wait), [`wait_n`](Self::wait_n), [`reserve_n`](Self::reserve_n) (with
@@ -267,13 +270,15 @@ const ROOM_DIVISOR: usize = 16;
 /// Freeing one slot per scan would cost a scan of the shard per new key while every bucket is
 /// draining (a flood of new keys, the case the bound is for): with the default bound, 6,250
 /// entries under the shard's lock per call. Freeing a sixteenth makes it one scan per
-/// `capacity / 16` new keys. The price: up to that many draining buckets go a little before a new
-/// key needed their slot (each of them would have gone at the next new keys anyway while the
-/// flood lasts), and their keys start again with a full burst.
+/// `capacity / 16` new keys. The price: up to that many draining buckets go before any new
+/// key needs their slot, and their keys start again with a full burst; while the flood lasts
+/// their slots would have been taken within the next new keys, but if it stops (or if they
+/// would have refilled first), they lost their state for nothing.
 fn make_room<K: Hash + Eq>(shard: &mut HashMap<K, Bucket>, now: u64, capacity: usize) {
     let keep = capacity - (capacity / ROOM_DIVISOR).max(1);
     // One pass drops the full buckets and notes the draining ones' times.
-    let mut tats = Vec::with_capacity(shard.len());
+    // Nothing allocated when every bucket is full (the common case past the bound).
+    let mut tats = Vec::new();
     shard.retain(|_, bucket| {
         let draining = bucket.tat > now;
         if draining {

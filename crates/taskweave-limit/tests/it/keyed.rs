@@ -115,8 +115,11 @@ async fn a_flood_of_new_keys_evicts_the_keys_closest_to_full_not_the_drained_one
         !limiter.allow(&abuser),
         "the drained key kept its bucket through 100,000 new keys"
     );
-    // Each time a shard made room it freed 4 slots: never more than that short of full.
-    assert!(limiter.len() >= 1_024 - 16 * 4, "{} keys", limiter.len());
+    // Each time a shard of 64 makes room it frees 4 slots, then takes the new key: every
+    // shard ends 0 to 3 short of full, and not all of them full (a chance of 4⁻¹⁶ that every
+    // shard's last insert filled it; freeing one slot per scan keeps all 16 full).
+    let len = limiter.len();
+    assert!((1_024 - 16 * 3..1_024).contains(&len), "{len} keys");
 }
 
 #[test]
