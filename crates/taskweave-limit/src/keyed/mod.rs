@@ -276,9 +276,10 @@ const ROOM_DIVISOR: usize = 16;
 /// would have refilled first), they lost their state for nothing.
 fn make_room<K: Hash + Eq>(shard: &mut HashMap<K, Bucket>, now: u64, capacity: usize) {
     let keep = capacity - (capacity / ROOM_DIVISOR).max(1);
-    // One pass drops the full buckets and notes the draining ones' times.
-    // Nothing allocated when every bucket is full (the common case past the bound).
-    let mut tats = Vec::new();
+    // One pass drops the full buckets and notes the draining ones' times, in one allocation
+    // (growing from empty would reallocate several times per scan; when every bucket is
+    // full, the allocation is shared by the buckets the scan drops).
+    let mut tats = Vec::with_capacity(shard.len());
     shard.retain(|_, bucket| {
         let draining = bucket.tat > now;
         if draining {
