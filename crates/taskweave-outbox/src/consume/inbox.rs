@@ -149,6 +149,12 @@ impl Inbox {
     /// # Errors
     ///
     /// The database's.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: the statements run in one transaction, so a dropped call leaves the
+    /// tables created whole or not at all (sqlx rolls back a transaction dropped before its
+    /// commit); the migration is idempotent, so run it again.
     pub async fn migrate(pool: &PgPool, schema: &Schema) -> Result<(), StoreError> {
         let (table, keys) = (schema.inbox_table(), schema.inbox_keys_table());
         let statements = [
@@ -251,6 +257,10 @@ impl Inbox {
     /// # Errors
     ///
     /// The database's.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: one read, no effect.
     pub async fn contains(&self, event_id: &str) -> Result<bool, StoreError> {
         Ok(sqlx::query_scalar(sql(&self.sql.contains))
             .bind(&self.consumer)

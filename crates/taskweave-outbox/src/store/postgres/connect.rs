@@ -26,6 +26,10 @@ impl PgStore {
     ///
     /// [`StoreError::NotMigrated`] when the tables are missing or older than this crate,
     /// [`StoreError::NewerSchema`] when they are newer, or the database's error.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it only reads the meta table.
     pub async fn connect(pool: PgPool, schema: Schema) -> Result<Self, StoreError> {
         let meta = schema.meta_table();
         let stored: Option<(i32, i32)> = match sqlx::query_as(AssertSqlSafe(format!(

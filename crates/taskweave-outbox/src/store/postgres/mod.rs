@@ -196,6 +196,10 @@ impl PgStore {
     /// # Errors
     ///
     /// The database's error.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: one read, no effect.
     pub async fn pending(&self) -> Result<i64, StoreError> {
         Ok(sqlx::query_scalar(sql(&self.inner.sql.pending))
             .fetch_one(&self.inner.pool)
