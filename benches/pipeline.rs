@@ -218,6 +218,31 @@ fn round_trips(c: &mut Criterion) {
     }
 }
 
+type Boxed = std::pin::Pin<Box<dyn Future<Output = u64> + Send>>;
+/// A row's name and the run it times.
+type Row = (&'static str, fn() -> Boxed);
+
+/// The rows of `pipeline` (the runs boxed, so that one list holds them).
+const ROWS: [Row; 5] = [
+    ("taskweave_stages", || Box::pin(taskweave_stages())),
+    ("async_channel_tasks", || Box::pin(async_channel_stages())),
+    ("mpsc_tasks", || Box::pin(mpsc_stages())),
+    ("single_task_chain", || Box::pin(single_task_chain())),
+    ("taskweave_stages_capacity_1024", || {
+        Box::pin(taskweave_stages_with(1024))
+    }),
+];
+
+/// The rows also run with the consumer in a task of the multi-thread runtime (`…/in_task`):
+/// spawned and joined, so the consumer runs on a worker thread (like a service's request
+/// task) instead of in the future given to `block_on`, a third thread that parks on a futex
+/// whenever the last stage's output runs empty.
+const IN_TASK: [&str; 3] = [
+    "taskweave_stages",
+    "async_channel_tasks",
+    "taskweave_stages_capacity_1024",
+];
+
 fn pipeline(c: &mut Criterion) {
     let expected = {
         let runtime = tokio::runtime::Builder::new_current_thread()
@@ -230,36 +255,32 @@ fn pipeline(c: &mut Criterion) {
         group.throughput(Throughput::Elements(ITEMS));
         group.sample_size(30);
         group.measurement_time(Duration::from_secs(4));
-        for (name, run) in [
-            ("taskweave_stages", 0),
-            ("async_channel_tasks", 1),
-            ("mpsc_tasks", 2),
-            ("single_task_chain", 3),
-            ("taskweave_stages_capacity_1024", 4),
-        ] {
-            // Every implementation computes the same thing.
-            let got = runtime.block_on(async {
-                match run {
-                    0 => taskweave_stages().await,
-                    1 => async_channel_stages().await,
-                    2 => mpsc_stages().await,
-                    3 => single_task_chain().await,
-                    _ => taskweave_stages_with(1024).await,
+        let in_task = if flavor == "current_thread" {
+            &[][..]
+        } else {
+            &IN_TASK[..]
+        };
+        let runs = ROWS
+            .iter()
+            .map(|&(name, run)| (name.to_owned(), run, false));
+        let runs = runs.chain(
+            ROWS.iter()
+                .filter(|(name, _)| in_task.contains(name))
+                .map(|&(name, run)| (format!("{name}/in_task"), run, true)),
+        );
+        for (name, run, spawned) in runs {
+            let go = || async move {
+                if spawned {
+                    tokio::spawn(run()).await.unwrap()
+                } else {
+                    run().await
                 }
-            });
+            };
+            // Every implementation computes the same thing.
+            let got = runtime.block_on(go());
             assert_eq!(got, expected, "{name}");
-            group.bench_function(BenchmarkId::new(name, ITEMS), |b| {
-                b.iter(|| {
-                    runtime.block_on(async {
-                        black_box(match run {
-                            0 => taskweave_stages().await,
-                            1 => async_channel_stages().await,
-                            2 => mpsc_stages().await,
-                            3 => single_task_chain().await,
-                            _ => taskweave_stages_with(1024).await,
-                        })
-                    })
-                });
+            group.bench_function(BenchmarkId::new(&name, ITEMS), |b| {
+                b.iter(|| runtime.block_on(async { black_box(go().await) }));
             });
         }
         group.finish();
