@@ -235,8 +235,8 @@ const ROWS: [Row; 5] = [
 
 /// The rows also run with the consumer in a task of the multi-thread runtime (`…/in_task`):
 /// spawned and joined, so the consumer runs on a worker thread (like a service's request
-/// task) instead of in the future given to `block_on`, a third thread that parks on a futex
-/// whenever the last stage's output runs empty.
+/// task) instead of in the future given to `block_on`, on a thread of its own beside the
+/// workers.
 const IN_TASK: [&str; 3] = [
     "taskweave_stages",
     "async_channel_tasks",
