@@ -219,28 +219,27 @@ fn round_trips(c: &mut Criterion) {
 }
 
 type Boxed = std::pin::Pin<Box<dyn Future<Output = u64> + Send>>;
-/// A row's name and the run it times.
-type Row = (&'static str, fn() -> Boxed);
+/// A row's name, the run it times, and whether it also runs with the consumer in a task of
+/// the multi-thread runtime (`…/in_task`): spawned and joined, so the consumer runs on a
+/// worker thread (like a service's request task) instead of in the future given to
+/// `block_on`, on a thread of its own beside the workers.
+type Row = (&'static str, fn() -> Boxed, bool);
 
 /// The rows of `pipeline` (the runs boxed, so that one list holds them).
 const ROWS: [Row; 5] = [
-    ("taskweave_stages", || Box::pin(taskweave_stages())),
-    ("async_channel_tasks", || Box::pin(async_channel_stages())),
-    ("mpsc_tasks", || Box::pin(mpsc_stages())),
-    ("single_task_chain", || Box::pin(single_task_chain())),
-    ("taskweave_stages_capacity_1024", || {
-        Box::pin(taskweave_stages_with(1024))
-    }),
-];
-
-/// The rows also run with the consumer in a task of the multi-thread runtime (`…/in_task`):
-/// spawned and joined, so the consumer runs on a worker thread (like a service's request
-/// task) instead of in the future given to `block_on`, on a thread of its own beside the
-/// workers.
-const IN_TASK: [&str; 3] = [
-    "taskweave_stages",
-    "async_channel_tasks",
-    "taskweave_stages_capacity_1024",
+    ("taskweave_stages", || Box::pin(taskweave_stages()), true),
+    (
+        "async_channel_tasks",
+        || Box::pin(async_channel_stages()),
+        true,
+    ),
+    ("mpsc_tasks", || Box::pin(mpsc_stages()), false),
+    ("single_task_chain", || Box::pin(single_task_chain()), false),
+    (
+        "taskweave_stages_capacity_1024",
+        || Box::pin(taskweave_stages_with(1024)),
+        true,
+    ),
 ];
 
 fn pipeline(c: &mut Criterion) {
@@ -255,23 +254,19 @@ fn pipeline(c: &mut Criterion) {
         group.throughput(Throughput::Elements(ITEMS));
         group.sample_size(30);
         group.measurement_time(Duration::from_secs(4));
-        let in_task = if flavor == "current_thread" {
-            &[][..]
-        } else {
-            &IN_TASK[..]
-        };
+        let multi_thread = flavor != "current_thread";
         let runs = ROWS
             .iter()
-            .map(|&(name, run)| (name.to_owned(), run, false));
+            .map(|&(name, run, _)| (name.to_owned(), run, false));
         let runs = runs.chain(
             ROWS.iter()
-                .filter(|(name, _)| in_task.contains(name))
-                .map(|&(name, run)| (format!("{name}/in_task"), run, true)),
+                .filter(|&&(_, _, in_task)| in_task && multi_thread)
+                .map(|&(name, run, _)| (format!("{name}/in_task"), run, true)),
         );
         for (name, run, spawned) in runs {
             let go = || async move {
                 if spawned {
-                    tokio::spawn(run()).await.unwrap()
+                    common::in_task(run()).await
                 } else {
                     run().await
                 }

@@ -37,6 +37,8 @@
 #[path = "common.rs"]
 mod common;
 
+use common::in_task;
+
 use std::hint::black_box;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -364,16 +366,6 @@ async fn spawn_per_job(workload: Workload, results: bool) -> u64 {
         }
     }
     sum
-}
-
-/// Runs `producer` in a task of the runtime instead of on the thread that calls `block_on`.
-async fn in_task<F>(producer: F) -> u64
-where
-    F: Future<Output = u64> + Send + 'static,
-{
-    tokio::spawn(producer)
-        .await
-        .expect("the producer does not panic")
 }
 
 /// The CPU jobs on two plain threads, half each: the real two-core floor of this machine.
