@@ -468,3 +468,89 @@ fn a_spawn_on_a_runtime_that_shut_down_drops_the_future_outside_the_lock() {
         assert_eq!(supervisor.metrics().completed, 1);
     });
 }
+
+// The same, with a future whose `Drop` panics: the spawn still returns its handle, the panic
+// is caught (it ran after the lock was released), and the books balance.
+#[test]
+fn a_future_that_panics_when_dropped_inside_spawn_is_caught_and_counted() {
+    struct PanicsOnDrop;
+    impl Drop for PanicsOnDrop {
+        fn drop(&mut self) {
+            panic!("drop of an unstarted future");
+        }
+    }
+
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    let handle = runtime.handle().clone();
+    drop(runtime);
+    let _entered = handle.enter();
+    let supervisor = Supervisor::new(CancellationToken::new());
+    let guard = PanicsOnDrop;
+    let task = supervisor.spawn("too-late", async move {
+        let _guard = guard;
+    });
+    assert!(
+        task.is_ok(),
+        "the supervisor is open: the spawn is accepted"
+    );
+    assert!(supervisor.is_empty(), "the slot was freed");
+    let metrics = supervisor.metrics();
+    assert_eq!(
+        (metrics.spawned, metrics.aborted, metrics.running),
+        (1, 1, 0),
+        "{metrics:?}"
+    );
+    // The lock is free and not poisoned: the supervisor still closes and refuses.
+    assert!(supervisor.close());
+    assert!(supervisor.spawn("refused", async {}).is_err());
+}
+
+// `spawn_restarting` takes the same path: its factory (user code, here one whose `Drop` reads
+// the supervisor) is dropped after the lock when tokio drops the task inside `spawn`.
+#[test]
+fn a_restarting_spawn_on_a_runtime_that_shut_down_drops_the_factory_outside_the_lock() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use taskweave_supervise::RestartPolicy;
+
+    struct ReadsTheSupervisor {
+        supervisor: Supervisor,
+        seen: Arc<AtomicUsize>,
+    }
+    impl Drop for ReadsTheSupervisor {
+        fn drop(&mut self) {
+            // Deadlocks if run under the supervisor's lock.
+            self.seen.store(self.supervisor.len() + 1, Ordering::SeqCst);
+        }
+    }
+
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    let handle = runtime.handle().clone();
+    drop(runtime);
+    let _entered = handle.enter();
+    let supervisor = Supervisor::new(CancellationToken::new());
+    let seen = Arc::new(AtomicUsize::new(0));
+    let guard = ReadsTheSupervisor {
+        supervisor: supervisor.clone(),
+        seen: Arc::clone(&seen),
+    };
+    let policy = RestartPolicy::new(3, Duration::from_secs(60));
+    let task = supervisor
+        .spawn_restarting("too-late", policy, move |_token| {
+            let _keep = &guard;
+            async { Ok::<(), String>(()) }
+        })
+        .expect("the supervisor is open");
+    assert_ne!(
+        seen.load(Ordering::SeqCst),
+        0,
+        "the factory was dropped inside spawn"
+    );
+    assert!(supervisor.is_empty());
+    assert_eq!(supervisor.metrics().aborted, 1);
+    drop(task);
+}
