@@ -409,37 +409,54 @@ fn spawn_outside_a_runtime_panics_before_claiming_a_slot() {
     drop(supervisor.spawn("nowhere", async {}));
 }
 
-// tokio drops a task inside `spawn` when its runtime has shut down: the future's `Drop` (user
-// code, here one that reads the supervisor, which takes its lock) must not run under the
-// supervisor's lock, and the slot must still be freed and counted.
-#[test]
-fn a_spawn_on_a_runtime_that_shut_down_drops_the_future_outside_the_lock() {
-    use std::sync::Arc;
-    use std::sync::atomic::{AtomicUsize, Ordering};
-
-    struct ReadsTheSupervisor {
-        supervisor: Supervisor,
-        seen: Arc<AtomicUsize>,
-    }
-    impl Drop for ReadsTheSupervisor {
-        fn drop(&mut self) {
-            // Deadlocks if run under the supervisor's lock.
-            self.seen.store(self.supervisor.len() + 1, Ordering::SeqCst);
-        }
-    }
-
+/// A handle of a runtime that has shut down: tokio drops a task spawned on it inside `spawn`.
+fn shut_down_runtime() -> tokio::runtime::Handle {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .build()
         .unwrap();
     let handle = runtime.handle().clone();
     drop(runtime);
+    handle
+}
+
+/// User code in a `Drop` that reads the supervisor (taking its lock): it deadlocks if run
+/// under that lock, and records that it ran.
+struct ReadsTheSupervisor {
+    supervisor: Supervisor,
+    seen: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl ReadsTheSupervisor {
+    /// The probe, and what it will have seen.
+    fn new(supervisor: &Supervisor) -> (Self, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+        let seen = std::sync::Arc::default();
+        let probe = ReadsTheSupervisor {
+            supervisor: supervisor.clone(),
+            seen: std::sync::Arc::clone(&seen),
+        };
+        (probe, seen)
+    }
+}
+
+impl Drop for ReadsTheSupervisor {
+    fn drop(&mut self) {
+        let len = self.supervisor.len();
+        self.seen
+            .store(len + 1, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+// tokio drops a task inside `spawn` when its runtime has shut down: the future's `Drop` (user
+// code, here one that reads the supervisor, which takes its lock) must not run under the
+// supervisor's lock, and the slot must still be freed and counted.
+#[test]
+fn a_spawn_on_a_runtime_that_shut_down_drops_the_future_outside_the_lock() {
+    use std::sync::atomic::Ordering;
+
+    let handle = shut_down_runtime();
     let _entered = handle.enter();
     let supervisor = Supervisor::new(CancellationToken::new());
-    let seen = Arc::new(AtomicUsize::new(0));
-    let guard = ReadsTheSupervisor {
-        supervisor: supervisor.clone(),
-        seen: Arc::clone(&seen),
-    };
+    let (guard, seen) = ReadsTheSupervisor::new(&supervisor);
     let task = supervisor
         .spawn("too-late", async move {
             let _guard = guard;
@@ -480,11 +497,7 @@ fn a_future_that_panics_when_dropped_inside_spawn_is_caught_and_counted() {
         }
     }
 
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .build()
-        .unwrap();
-    let handle = runtime.handle().clone();
-    drop(runtime);
+    let handle = shut_down_runtime();
     let _entered = handle.enter();
     let supervisor = Supervisor::new(CancellationToken::new());
     let guard = PanicsOnDrop;
@@ -511,33 +524,13 @@ fn a_future_that_panics_when_dropped_inside_spawn_is_caught_and_counted() {
 // the supervisor) is dropped after the lock when tokio drops the task inside `spawn`.
 #[test]
 fn a_restarting_spawn_on_a_runtime_that_shut_down_drops_the_factory_outside_the_lock() {
-    use std::sync::Arc;
-    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::atomic::Ordering;
     use taskweave_supervise::RestartPolicy;
 
-    struct ReadsTheSupervisor {
-        supervisor: Supervisor,
-        seen: Arc<AtomicUsize>,
-    }
-    impl Drop for ReadsTheSupervisor {
-        fn drop(&mut self) {
-            // Deadlocks if run under the supervisor's lock.
-            self.seen.store(self.supervisor.len() + 1, Ordering::SeqCst);
-        }
-    }
-
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .build()
-        .unwrap();
-    let handle = runtime.handle().clone();
-    drop(runtime);
+    let handle = shut_down_runtime();
     let _entered = handle.enter();
     let supervisor = Supervisor::new(CancellationToken::new());
-    let seen = Arc::new(AtomicUsize::new(0));
-    let guard = ReadsTheSupervisor {
-        supervisor: supervisor.clone(),
-        seen: Arc::clone(&seen),
-    };
+    let (guard, seen) = ReadsTheSupervisor::new(&supervisor);
     let policy = RestartPolicy::new(3, Duration::from_secs(60));
     let task = supervisor
         .spawn_restarting("too-late", policy, move |_token| {
