@@ -487,7 +487,7 @@ fn a_spawn_on_a_runtime_that_shut_down_drops_the_future_outside_the_lock() {
 }
 
 // The same, with a future whose `Drop` panics: the spawn still returns its handle, the panic
-// is caught (it ran after the lock was released), and the books balance.
+// is caught (tokio catches it; the supervisor's lock is not held), and the books balance.
 #[test]
 fn a_future_that_panics_when_dropped_inside_spawn_is_caught_and_counted() {
     struct PanicsOnDrop;
@@ -521,7 +521,7 @@ fn a_future_that_panics_when_dropped_inside_spawn_is_caught_and_counted() {
 }
 
 // `spawn_restarting` takes the same path: its factory (user code, here one whose `Drop` reads
-// the supervisor) is dropped after the lock when tokio drops the task inside `spawn`.
+// the supervisor) is dropped outside the lock when tokio drops the task inside `spawn`.
 #[test]
 fn a_restarting_spawn_on_a_runtime_that_shut_down_drops_the_factory_outside_the_lock() {
     use std::sync::atomic::Ordering;
