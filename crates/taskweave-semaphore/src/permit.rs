@@ -21,6 +21,7 @@ pub struct OwnedPermit {
 }
 
 impl<'a> Permit<'a> {
+    #[inline]
     pub(crate) fn new(inner: &'a Inner, permits: usize) -> Self {
         Permit { inner, permits }
     }
@@ -63,6 +64,7 @@ impl<'a> Permit<'a> {
 }
 
 impl OwnedPermit {
+    #[inline]
     pub(crate) fn new(inner: Arc<Inner>, permits: usize) -> Self {
         OwnedPermit { inner, permits }
     }
@@ -103,12 +105,14 @@ impl OwnedPermit {
 }
 
 impl Drop for Permit<'_> {
+    #[inline]
     fn drop(&mut self) {
         self.inner.state.release(self.permits);
     }
 }
 
 impl Drop for OwnedPermit {
+    #[inline]
     fn drop(&mut self) {
         self.inner.state.release(self.permits);
     }

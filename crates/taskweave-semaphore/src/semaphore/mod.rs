@@ -188,6 +188,7 @@ impl Semaphore {
     /// # Errors
     ///
     /// [`TryAcquireError::NoPermits`] or [`TryAcquireError::Closed`].
+    #[inline]
     pub fn try_acquire(&self) -> Result<Permit<'_>, TryAcquireError> {
         self.try_acquire_many(1)
     }
@@ -198,6 +199,7 @@ impl Semaphore {
     ///
     /// [`TryAcquireError::Closed`] (checked first), [`TryAcquireError::TooLarge`], or
     /// [`TryAcquireError::NoPermits`].
+    #[inline]
     pub fn try_acquire_many(&self, permits: usize) -> Result<Permit<'_>, TryAcquireError> {
         self.inner.state.try_acquire(permits)?;
         Ok(Permit::new(&self.inner, permits))
@@ -208,6 +210,7 @@ impl Semaphore {
     /// # Errors
     ///
     /// As [`try_acquire`](Self::try_acquire).
+    #[inline]
     pub fn try_acquire_owned(&self) -> Result<OwnedPermit, TryAcquireError> {
         self.try_acquire_many_owned(1)
     }
@@ -217,6 +220,7 @@ impl Semaphore {
     /// # Errors
     ///
     /// As [`try_acquire_many`](Self::try_acquire_many).
+    #[inline]
     pub fn try_acquire_many_owned(&self, permits: usize) -> Result<OwnedPermit, TryAcquireError> {
         self.inner.state.try_acquire(permits)?;
         Ok(OwnedPermit::new(Arc::clone(&self.inner), permits))
