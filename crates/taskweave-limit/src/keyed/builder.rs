@@ -1,12 +1,12 @@
 //! `KeyedRateLimiterBuilder`: the settings of a `KeyedRateLimiter`, and `build`.
 
-use std::collections::HashMap;
 use std::collections::hash_map::RandomState;
 use std::marker::PhantomData;
 use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use hashbrown::HashTable;
 use tokio_util::sync::CancellationToken;
 
 use super::{DEFAULT_MAX_KEYS, Inner, KeyedRateLimiter, SHARDS};
@@ -88,7 +88,7 @@ impl<K> KeyedRateLimiterBuilder<K> {
                 // exceeds `max_keys`.
                 shard_capacity: self.max_keys / shards,
                 hasher: RandomState::new(),
-                shards: (0..shards).map(|_| Mutex::new(HashMap::new())).collect(),
+                shards: (0..shards).map(|_| Mutex::new(HashTable::new())).collect(),
                 sweep_every: self
                     .sweep_every
                     .unwrap_or(refill)

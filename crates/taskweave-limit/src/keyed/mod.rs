@@ -4,7 +4,6 @@ mod builder;
 mod reservation;
 mod sweep;
 
-use std::collections::HashMap;
 use std::collections::hash_map::RandomState;
 use std::fmt;
 use std::hash::{BuildHasher, Hash};
@@ -12,6 +11,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
+use hashbrown::HashTable;
 use tokio_util::sync::{CancellationToken, DropGuard};
 
 use crate::gcra::{Clock, Rate};
@@ -90,7 +90,7 @@ struct Inner<K> {
     rate: Rate,
     shard_capacity: usize,
     hasher: RandomState,
-    shards: Box<[Mutex<HashMap<K, Bucket>>]>,
+    shards: Box<[Mutex<Shard<K>>]>,
     sweep_every: Duration,
     /// The sweep's token: a child of the builder's, cancelled when the last handle drops.
     sweep_token: CancellationToken,
@@ -221,27 +221,36 @@ where
             self.start_sweep();
         }
         let now = inner.clock.now();
-        let mut shard = inner.shard(key);
-        let bucket = match shard.get_mut(key) {
-            Some(bucket) => bucket,
-            None => {
-                if shard.len() >= inner.shard_capacity {
-                    make_room(&mut shard, now, inner.shard_capacity);
-                }
-                shard.entry(key.clone()).or_insert(Bucket {
-                    tat: now,
-                    last_due: 0,
-                    born: inner.buckets_made.fetch_add(1, Ordering::Relaxed),
-                })
-            }
+        let hash = inner.hasher.hash_one(key);
+        let mut guard = inner.shard(hash);
+        let shard = match guard.find_entry(hash, |(other, _)| other == key) {
+            Ok(entry) => return step(inner.rate, &mut entry.into_mut().1, now),
+            Err(absent) => absent.into_table(),
         };
-        step(inner.rate, bucket, now)
+        if shard.len() >= inner.shard_capacity {
+            make_room(shard, now, inner.shard_capacity);
+        }
+        let bucket = Bucket {
+            tat: now,
+            last_due: 0,
+            born: inner.buckets_made.fetch_add(1, Ordering::Relaxed),
+        };
+        let entry = shard.insert_unique(hash, (key.clone(), bucket), |(key, _)| {
+            inner.hasher.hash_one(key)
+        });
+        step(inner.rate, &mut entry.into_mut().1, now)
     }
 }
 
+/// One shard's buckets, found by the key's hash, which the call computes once: it chose the
+/// shard too (std's `HashMap` would hash the key a second time).
+type Shard<K> = HashTable<(K, Bucket)>;
+
 impl<K: Hash + Eq> Inner<K> {
-    fn shard(&self, key: &K) -> MutexGuard<'_, HashMap<K, Bucket>> {
-        let index = (self.hasher.hash_one(key) as usize) % self.shards.len();
+    /// The shard for a key of hash `hash`: chosen by the hash's upper half, since the table
+    /// places the key by its lower bits (keys of one shard would otherwise all share them).
+    fn shard(&self, hash: u64) -> MutexGuard<'_, Shard<K>> {
+        let index = ((hash >> 32) as usize) % self.shards.len();
         lock(&self.shards[index])
     }
 
@@ -251,7 +260,7 @@ impl<K: Hash + Eq> Inner<K> {
         for shard in &*self.shards {
             let mut shard = lock(shard);
             let before = shard.len();
-            shard.retain(|_, bucket| bucket.tat > now);
+            shard.retain(|(_, bucket)| bucket.tat > now);
             removed += before - shard.len();
         }
         removed
@@ -274,13 +283,13 @@ const ROOM_DIVISOR: usize = 16;
 /// key needs their slot, and their keys start again with a full burst; while the flood lasts
 /// their slots would have been taken within the next new keys, but if it stops (or if they
 /// would have refilled first), they lost their state for nothing.
-fn make_room<K: Hash + Eq>(shard: &mut HashMap<K, Bucket>, now: u64, capacity: usize) {
+fn make_room<K: Hash + Eq>(shard: &mut Shard<K>, now: u64, capacity: usize) {
     let keep = capacity - (capacity / ROOM_DIVISOR).max(1);
     // One pass drops the full buckets and notes the draining ones' times, in one allocation
     // (growing from empty would reallocate several times per scan; when every bucket is
     // full, the allocation is shared by the buckets the scan drops).
     let mut tats = Vec::with_capacity(shard.len());
-    shard.retain(|_, bucket| {
+    shard.retain(|(_, bucket)| {
         let draining = bucket.tat > now;
         if draining {
             tats.push(bucket.tat);
@@ -296,7 +305,7 @@ fn make_room<K: Hash + Eq>(shard: &mut HashMap<K, Bucket>, now: u64, capacity: u
     // at it, as many as make up `excess` (ties: any of them, all are equally full).
     let (below, &mut threshold, _) = tats.select_nth_unstable(excess - 1);
     let mut at_threshold = excess - below.iter().filter(|&&tat| tat < threshold).count();
-    shard.retain(|_, bucket| {
+    shard.retain(|(_, bucket)| {
         if bucket.tat < threshold {
             false
         } else if bucket.tat == threshold && at_threshold > 0 {

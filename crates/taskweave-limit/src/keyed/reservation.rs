@@ -1,7 +1,7 @@
 //! `KeyedReservation`: tokens taken from one key by `KeyedRateLimiter::reserve_n`.
 
 use std::fmt;
-use std::hash::Hash;
+use std::hash::{BuildHasher, Hash};
 use std::time::Duration;
 
 use super::KeyedRateLimiter;
@@ -89,9 +89,11 @@ impl<K: Hash + Eq> KeyedReservation<K> {
         if self.due_at < now {
             return;
         }
-        let mut shard = inner.shard(&self.key);
+        let hash = inner.hasher.hash_one(&self.key);
+        let mut shard = inner.shard(hash);
         let Some(bucket) = shard
-            .get_mut(&self.key)
+            .find_mut(hash, |(key, _)| *key == self.key)
+            .map(|(_, bucket)| bucket)
             .filter(|bucket| bucket.born == self.born)
         else {
             return;

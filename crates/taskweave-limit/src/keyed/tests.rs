@@ -1,30 +1,32 @@
 //! `make_room`: which buckets a full shard drops, and how many.
 
-use std::collections::HashMap;
-
 use proptest::prelude::*;
 
-use super::{Bucket, make_room};
+use super::{Bucket, Shard, make_room};
 
 const NOW: u64 = 1_000_000;
 
-/// A shard with a bucket per theoretical arrival time, keyed by its position.
-fn shard(tats: &[u64]) -> HashMap<usize, Bucket> {
-    tats.iter()
-        .enumerate()
-        .map(|(key, &tat)| {
-            let bucket = Bucket {
-                tat,
-                last_due: 0,
-                born: key as u64,
-            };
-            (key, bucket)
-        })
-        .collect()
+/// The hash the tests give key `key` (any function of the key will do for `make_room`).
+fn hash(key: usize) -> u64 {
+    key as u64
 }
 
-fn kept_tats(shard: &HashMap<usize, Bucket>) -> Vec<u64> {
-    let mut tats: Vec<u64> = shard.values().map(|bucket| bucket.tat).collect();
+/// A shard with a bucket per theoretical arrival time, keyed by its position.
+fn shard(tats: &[u64]) -> Shard<usize> {
+    let mut shard = Shard::new();
+    for (key, &tat) in tats.iter().enumerate() {
+        let bucket = Bucket {
+            tat,
+            last_due: 0,
+            born: key as u64,
+        };
+        shard.insert_unique(hash(key), (key, bucket), |(key, _)| hash(*key));
+    }
+    shard
+}
+
+fn kept_tats(shard: &Shard<usize>) -> Vec<u64> {
+    let mut tats: Vec<u64> = shard.iter().map(|(_, bucket)| bucket.tat).collect();
     tats.sort_unstable();
     tats
 }
@@ -104,12 +106,13 @@ proptest! {
         let keep = capacity - (capacity / 16).max(1);
         let draining = capacity - full;
         prop_assert_eq!(shard.len(), draining.min(keep));
-        prop_assert!(shard.values().all(|bucket| bucket.tat > NOW));
+        prop_assert!(shard.iter().all(|(_, bucket)| bucket.tat > NOW));
         let furthest_gone = (0..capacity)
-            .filter(|key| !shard.contains_key(key) && tats[*key] > NOW)
+            .filter(|&key| shard.find(hash(key), |(other, _)| *other == key).is_none())
+            .filter(|&key| tats[key] > NOW)
             .map(|key| tats[key])
             .max();
-        let closest_kept = shard.values().map(|bucket| bucket.tat).min();
+        let closest_kept = shard.iter().map(|(_, bucket)| bucket.tat).min();
         if let (Some(gone), Some(kept)) = (furthest_gone, closest_kept) {
             prop_assert!(gone <= kept, "dropped {} but kept {}", gone, kept);
         }
