@@ -221,8 +221,7 @@ where
             self.start_sweep();
         }
         let now = inner.clock.now();
-        let hash = inner.hasher.hash_one(key);
-        let mut guard = inner.shard(hash);
+        let (hash, mut guard) = inner.shard(key);
         let shard = match guard.find_entry(hash, |(other, _)| other == key) {
             Ok(entry) => return step(inner.rate, &mut entry.into_mut().1, now),
             Err(absent) => absent.into_table(),
@@ -247,11 +246,13 @@ where
 type Shard<K> = HashTable<(K, Bucket)>;
 
 impl<K: Hash + Eq> Inner<K> {
-    /// The shard for a key of hash `hash`: chosen by the hash's upper half, since the table
-    /// places the key by its lower bits (keys of one shard would otherwise all share them).
-    fn shard(&self, hash: u64) -> MutexGuard<'_, Shard<K>> {
+    /// `key`'s hash, which finds it in its shard, and that shard, locked: chosen by the
+    /// hash's upper half, since the table places the key by its lower bits (keys of one shard
+    /// would otherwise all share them).
+    fn shard(&self, key: &K) -> (u64, MutexGuard<'_, Shard<K>>) {
+        let hash = self.hasher.hash_one(key);
         let index = ((hash >> 32) as usize) % self.shards.len();
-        lock(&self.shards[index])
+        (hash, lock(&self.shards[index]))
     }
 
     fn evict_idle(&self) -> usize {

@@ -1,7 +1,7 @@
 //! `KeyedReservation`: tokens taken from one key by `KeyedRateLimiter::reserve_n`.
 
 use std::fmt;
-use std::hash::{BuildHasher, Hash};
+use std::hash::Hash;
 use std::time::Duration;
 
 use super::KeyedRateLimiter;
@@ -89,8 +89,7 @@ impl<K: Hash + Eq> KeyedReservation<K> {
         if self.due_at < now {
             return;
         }
-        let hash = inner.hasher.hash_one(&self.key);
-        let mut shard = inner.shard(hash);
+        let (hash, mut shard) = inner.shard(&self.key);
         let Some(bucket) = shard
             .find_mut(hash, |(key, _)| *key == self.key)
             .map(|(_, bucket)| bucket)

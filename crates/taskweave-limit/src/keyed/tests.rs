@@ -108,8 +108,7 @@ proptest! {
         prop_assert_eq!(shard.len(), draining.min(keep));
         prop_assert!(shard.iter().all(|(_, bucket)| bucket.tat > NOW));
         let furthest_gone = (0..capacity)
-            .filter(|&key| shard.find(hash(key), |(other, _)| *other == key).is_none())
-            .filter(|&key| tats[key] > NOW)
+            .filter(|&key| shard.find(hash(key), |(other, _)| *other == key).is_none() && tats[key] > NOW)
             .map(|key| tats[key])
             .max();
         let closest_kept = shard.iter().map(|(_, bucket)| bucket.tat).min();
