@@ -1,7 +1,8 @@
 //! Pipeline: 100k `u64` through map → filter → map, each stage on its own task with an
 //! output of 32 items. taskweave's stages against the same stages written by hand with
-//! async-channel and with tokio's mpsc, and a single-task futures chain (the lower bound:
-//! no task, no channel, no concurrency between the stages).
+//! async-channel and with tokio's mpsc, hand-written tasks passing `Vec` batches of 32 (the
+//! floor of any design with a task per stage and hand-offs of 32 items), and a single-task
+//! futures chain (the lower bound: no task, no channel, no concurrency between the stages).
 //!
 //! `cargo bench -p taskweave-benches --bench pipeline`; ratios in `docs/benchmarks.md`.
 
@@ -142,6 +143,60 @@ async fn mpsc_stages() -> u64 {
     sum
 }
 
+/// The batching floor: the same four tasks, but each hand-off is a `Vec` of up to
+/// `CAPACITY` items through a tokio mpsc channel of one batch: one channel operation and at
+/// most one wake-up per 32 items, no per-item room accounting, no cancellation, no panic
+/// capture. Not a peer a user would write (a consumer gets its items 32 at a time, and
+/// room comes back per batch, so a consumer that waits on the producer after one item can
+/// stall it); it bounds from below what any design with a task per stage and hand-offs of
+/// `CAPACITY` items can cost.
+async fn vec_batch_tasks() -> u64 {
+    let (tx0, mut rx0) = mpsc::channel::<Vec<u64>>(1);
+    let (tx1, mut rx1) = mpsc::channel::<Vec<u64>>(1);
+    let (tx2, mut rx2) = mpsc::channel::<Vec<u64>>(1);
+    let (tx3, mut rx3) = mpsc::channel::<Vec<u64>>(1);
+    let batch = CAPACITY as u64;
+    tokio::spawn(async move {
+        let mut start = 0;
+        while start < ITEMS {
+            let end = (start + batch).min(ITEMS);
+            if tx0.send((start..end).collect()).await.is_err() {
+                return;
+            }
+            start = end;
+        }
+    });
+    tokio::spawn(async move {
+        while let Some(mut items) = rx0.recv().await {
+            items.iter_mut().for_each(|n| *n = inc(*n));
+            if tx1.send(items).await.is_err() {
+                return;
+            }
+        }
+    });
+    tokio::spawn(async move {
+        while let Some(mut items) = rx1.recv().await {
+            items.retain(keep);
+            if !items.is_empty() && tx2.send(items).await.is_err() {
+                return;
+            }
+        }
+    });
+    tokio::spawn(async move {
+        while let Some(mut items) = rx2.recv().await {
+            items.iter_mut().for_each(|n| *n = double(*n));
+            if tx3.send(items).await.is_err() {
+                return;
+            }
+        }
+    });
+    let mut sum = 0;
+    while let Some(items) = rx3.recv().await {
+        sum = items.iter().fold(sum, |sum, n| sum ^ n);
+    }
+    sum
+}
+
 /// One task, no channel: the stages are a futures stream chain.
 async fn single_task_chain() -> u64 {
     futures::stream::iter(0..ITEMS)
@@ -226,7 +281,7 @@ type Boxed = std::pin::Pin<Box<dyn Future<Output = u64> + Send>>;
 type Row = (&'static str, fn() -> Boxed, bool);
 
 /// The rows of `pipeline` (the runs boxed, so that one list holds them).
-const ROWS: [Row; 5] = [
+const ROWS: [Row; 6] = [
     ("taskweave_stages", || Box::pin(taskweave_stages()), true),
     (
         "async_channel_tasks",
@@ -235,6 +290,7 @@ const ROWS: [Row; 5] = [
     ),
     ("mpsc_tasks", || Box::pin(mpsc_stages()), false),
     ("single_task_chain", || Box::pin(single_task_chain()), false),
+    ("vec_batch_tasks", || Box::pin(vec_batch_tasks()), true),
     (
         "taskweave_stages_capacity_1024",
         || Box::pin(taskweave_stages_with(1024)),
