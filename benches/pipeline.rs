@@ -1,7 +1,7 @@
 //! Pipeline: 100k `u64` through map → filter → map, each stage on its own task with an
 //! output of 32 items. taskweave's stages against the same stages written by hand with
 //! async-channel and with tokio's mpsc, hand-written tasks passing `Vec` batches of 32 (the
-//! floor of any design with a task per stage and hand-offs of 32 items), and a single-task
+//! cheapest version of a task per stage with hand-offs of 32 items written here), and a single-task
 //! futures chain (the lower bound: no task, no channel, no concurrency between the stages).
 //!
 //! `cargo bench -p taskweave-benches --bench pipeline`; ratios in `docs/benchmarks.md`.
@@ -143,13 +143,14 @@ async fn mpsc_stages() -> u64 {
     sum
 }
 
-/// The batching floor: the same four tasks, but each hand-off is a `Vec` of up to
+/// A reference for the shape: the same four tasks, but each hand-off is a `Vec` of up to
 /// `CAPACITY` items through a tokio mpsc channel of one batch: one channel operation and at
 /// most one wake-up per 32 items, no per-item room accounting, no cancellation, no panic
 /// capture. Not a peer a user would write (a consumer gets its items 32 at a time, and
 /// room comes back per batch, so a consumer that waits on the producer after one item can
-/// stall it); it bounds from below what any design with a task per stage and hand-offs of
-/// `CAPACITY` items can cost.
+/// stall it). The cheapest version of a task per stage with hand-offs of `CAPACITY` items
+/// written here (not a proven lower bound: a `Vec` per batch, and the filter's short
+/// batches are not joined).
 async fn vec_batch_tasks() -> u64 {
     let (tx0, mut rx0) = mpsc::channel::<Vec<u64>>(1);
     let (tx1, mut rx1) = mpsc::channel::<Vec<u64>>(1);
