@@ -1,8 +1,9 @@
 //! Pipeline: 100k `u64` through map → filter → map, each stage on its own task with an
 //! output of 32 items. taskweave's stages against the same stages written by hand with
 //! async-channel and with tokio's mpsc, hand-written tasks passing `Vec` batches of 32 (the
-//! cheapest version of a task per stage with hand-offs of 32 items written here), and a single-task
-//! futures chain (the lower bound: no task, no channel, no concurrency between the stages).
+//! cheapest version of a task per stage with hand-offs of 32 items written here), and a
+//! single-task futures chain (the lower bound: no task, no channel, no concurrency between
+//! the stages).
 //!
 //! `cargo bench -p taskweave-benches --bench pipeline`; ratios in `docs/benchmarks.md`.
 
