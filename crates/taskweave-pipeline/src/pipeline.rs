@@ -9,7 +9,7 @@ use taskweave_supervise::TaskName;
 use tokio_util::sync::CancellationToken;
 
 use crate::Stage;
-use crate::run::spawn_stage;
+use crate::run::{spawn_iter_stage, spawn_stage};
 
 /// The output capacity of a stage unless [`Pipeline::with_capacity`] says otherwise.
 ///
@@ -141,12 +141,9 @@ impl Pipeline {
         I::IntoIter: Send + 'static,
         I::Item: Send + 'static,
     {
-        spawn_stage(
-            self,
-            "pipeline-iter",
-            futures::stream::iter(items),
-            |item| ready(Some(item)),
-        )
+        spawn_iter_stage(self, "pipeline-iter", items.into_iter(), |item| {
+            ready(Some(item))
+        })
     }
 
     /// An endless source that sends `values` in order, over and over, until the token is
@@ -181,12 +178,7 @@ impl Pipeline {
         let values: Arc<[I::Item]> = values.into_iter().collect();
         // Cycling a range of indices clones nothing but the item sent.
         let cycle = (0..values.len()).cycle().map(move |i| values[i].clone());
-        spawn_stage(
-            self,
-            "pipeline-repeat",
-            futures::stream::iter(cycle),
-            |item| ready(Some(item)),
-        )
+        spawn_iter_stage(self, "pipeline-repeat", cycle, |item| ready(Some(item)))
     }
 
     /// A source driven by an async function: `f(state)` returns `Some((item, next_state))`

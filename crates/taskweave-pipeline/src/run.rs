@@ -1,9 +1,10 @@
 //! The task of a source or stage: it takes whatever its input has ready, runs its function
 //! on each item and hands the results on in one push.
 //!
-//! **Opportunistic batching.** Each turn of the loop asks the output for room, takes up to
-//! that many items that the input has *ready now* (never waiting to fill a batch), runs the
-//! step on them one at a time and pushes the results under one lock and one wake-up. So:
+//! **Opportunistic batching.** Each turn of the loop asks the output for room, then takes,
+//! one at a time, up to that many items that the input has *ready now* (never waiting to fill
+//! a batch), runs the step on each as it is taken and pushes the results under one lock and
+//! one wake-up. So:
 //! - one item at a time still goes straight through (a batch of one, no waiting for more);
 //! - everything the stage holds, the item in its step included, has a place in its output,
 //!   so the capacity still bounds the items between two stages;
@@ -20,9 +21,18 @@
 //!   taken from the input but not started are dropped, as items still queued in the input
 //!   are when a cancelled stage drops it.
 //!
-//! When the input is a [`Stage`] itself (the usual chain), the items are moved out of its
-//! channel in one go instead of one `poll_next` each; the input's type is recognised with a
-//! `TypeId` comparison (`Any`), which is all stable Rust offers in place of specialisation.
+//! When the input is a [`Stage`] itself (the usual chain), the items are popped straight out
+//! of its channel's buffer (`Stage::poll_pop`: no lock, no move through a buffer of the
+//! stage's own), and the room they leave is given back once per poll of the stage's task, in
+//! one read-modify-write (`Stage::settle`, called before the task returns, whatever it does
+//! next): a stage that takes 32 items pays one, where a consumer's `poll_next` pays one per
+//! item. Until then those items are counted in both channels, never in neither. The input's
+//! type is recognised with a `TypeId` comparison (`Any`), which is all stable Rust offers in
+//! place of specialisation. A source over an iterator ([`Pipeline::iter`],
+//! [`Pipeline::repeat`]) calls `next` directly, with none of a stream's machinery per item.
+//!
+//! [`Pipeline::iter`]: crate::Pipeline::iter
+//! [`Pipeline::repeat`]: crate::Pipeline::repeat
 
 use std::any::Any;
 use std::collections::VecDeque;
@@ -71,6 +81,52 @@ where
     Fut: Future<Output = Option<O>> + Send,
     O: Send + 'static,
 {
+    let mut input = Some(input);
+    let any: &mut dyn Any = &mut input;
+    if let Some(upstream) = any.downcast_mut::<Option<Stage<S::Item>>>() {
+        let upstream = upstream.take().expect("the input is there");
+        spawn_input_stage(pipeline, default_name, StageInput(upstream), step)
+    } else {
+        let input = AnyInput {
+            input: input.take().expect("the input is there"),
+            caught: None,
+            ended: false,
+        };
+        spawn_input_stage(pipeline, default_name, input, step)
+    }
+}
+
+/// [`spawn_stage`] for a source that reads an iterator: its items are taken with `next`, with
+/// none of a stream's machinery around each one.
+pub(crate) fn spawn_iter_stage<It, F, Fut, O>(
+    pipeline: &Pipeline,
+    default_name: &'static str,
+    items: It,
+    step: F,
+) -> Stage<O>
+where
+    It: Iterator + Send + 'static,
+    It::Item: Send,
+    F: FnMut(It::Item) -> Fut + Send + 'static,
+    Fut: Future<Output = Option<O>> + Send,
+    O: Send + 'static,
+{
+    spawn_input_stage(pipeline, default_name, IterInput(Some(items)), step)
+}
+
+fn spawn_input_stage<I, F, Fut, O>(
+    pipeline: &Pipeline,
+    default_name: &'static str,
+    input: I,
+    step: F,
+) -> Stage<O>
+where
+    I: Input + Send + 'static,
+    I::Item: Send,
+    F: FnMut(I::Item) -> Fut + Send + 'static,
+    Fut: Future<Output = Option<O>> + Send,
+    O: Send + 'static,
+{
     let name = pipeline
         .stage_name()
         .cloned()
@@ -80,28 +136,11 @@ where
     let stage = Stage::new(rx, name.clone(), token.clone());
     let shared = stage.shared();
     let watch = TokenWatch::new(&token);
-
-    let mut input = Some(input);
-    let any: &mut dyn Any = &mut input;
     let task_name = shared.name.clone();
-    if let Some(upstream) = any.downcast_mut::<Option<Stage<S::Item>>>() {
-        let upstream = upstream.take().expect("the input is there");
-        let input = StageInput(upstream);
-        let task = async move {
-            stage_task(name, input, step, tx, watch, shared).await;
-        };
-        drop(taskweave_supervise::spawn(task_name, task));
-    } else {
-        let input = AnyInput {
-            input: input.take().expect("the input is there"),
-            caught: None,
-            ended: false,
-        };
-        let task = async move {
-            stage_task(name, input, step, tx, watch, shared).await;
-        };
-        drop(taskweave_supervise::spawn(task_name, task));
-    }
+    let task = async move {
+        stage_task(name, input, step, tx, watch, shared).await;
+    };
+    drop(taskweave_supervise::spawn(task_name, task));
     stage
 }
 
@@ -123,11 +162,11 @@ async fn stage_task<I, F, Fut, O>(
     // (user code) would be a panic inside a panic, an abort. They are dropped below instead,
     // in a catch of their own.
     let mut done = VecDeque::new();
-    let mut batch = VecDeque::new();
+    let mut next = None;
     let mut input = Box::pin(input);
     let looped = catch_panic(
         name.clone(),
-        run_loop(input.as_mut(), step, &tx, &watch, &mut done, &mut batch),
+        run_loop(input.as_mut(), step, &tx, &watch, &mut done, &mut next),
     )
     .await;
     let mut end = match looped {
@@ -147,7 +186,7 @@ async fn stage_task<I, F, Fut, O>(
     });
     // Before the end is recorded: a panic here is the stage's panic, unless it already had one.
     let dropped = catch_drops(&name, "input", || {
-        drop(batch);
+        drop(next);
         drop(input);
     });
     if let (Some(panic), None) = (dropped, end.panic()) {
@@ -174,7 +213,7 @@ async fn run_loop<I, F, Fut, O>(
     tx: &chan::Sender<O>,
     watch: &TokenWatch,
     done: &mut VecDeque<O>,
-    batch: &mut VecDeque<I::Item>,
+    next: &mut Option<I::Item>,
 ) -> Stop
 where
     I: Input,
@@ -199,18 +238,20 @@ where
             Some(Ok(room)) => room.min(MAX_BATCH),
         };
         // Wait for the first item of the turn.
-        let taken = watch
-            .run_until_cancelled(poll_fn(|cx| input.as_mut().poll_take(cx, room, batch)))
+        let first = watch
+            .run_until_cancelled(poll_fn(|cx| input.as_mut().poll_item(cx)))
             .await;
-        match taken {
+        match first {
             None => return Stop::Cancelled,
-            Some(false) => return Stop::InputEnded(input.as_mut().caught()),
-            Some(true) => {}
+            Some(None) => return Stop::InputEnded(input.as_mut().caught()),
+            Some(Some(item)) => *next = Some(item),
         }
-        let mut left = room - batch.len();
+        // Items the turn may still start: everything the stage holds has a place in its
+        // output.
+        let mut left = room;
         // The items of the turn, in one poll loop (no await point per item).
         let turn = poll_fn(|cx| {
-            loop {
+            let polled = 'turn: loop {
                 if let Some(running) = call.as_mut().as_pin_mut() {
                     match running.poll(cx) {
                         Poll::Ready(output) => {
@@ -233,48 +274,50 @@ where
                             unit_left = 0;
                             watch.register(cx.waker());
                             if watch.is_cancelled() {
-                                return Poll::Ready(Turn::Cancelled);
+                                break 'turn Poll::Ready(Turn::Cancelled);
                             }
-                            return Poll::Pending;
+                            break 'turn Poll::Pending;
                         }
                     }
                 }
                 if watch.is_cancelled() {
-                    return Poll::Ready(Turn::Cancelled);
-                }
-                if !batch.is_empty() {
-                    // One unit of tokio's cooperative budget per `ITEMS_PER_UNIT` items (the
-                    // channel takes none): a stage whose input is always ready and whose
-                    // output always has room (a filter that keeps few items, a consumer on
-                    // another thread) still lets the other tasks of its thread run. Out of
-                    // budget, it hands on what is done and yields; the turn goes on at the
-                    // next poll.
-                    if unit_left == 0 {
-                        let Poll::Ready(budget) = tokio::task::coop::poll_proceed(cx) else {
-                            let _ = tx.push(done);
-                            return Poll::Pending;
-                        };
-                        budget.made_progress();
-                        unit_left = ITEMS_PER_UNIT;
-                    }
-                    unit_left -= 1;
-                    if let Some(item) = batch.pop_front() {
-                        call.set(Some(step(item)));
-                    }
-                    continue;
+                    break 'turn Poll::Ready(Turn::Cancelled);
                 }
                 if left == 0 {
-                    return Poll::Ready(Turn::Over);
+                    break 'turn Poll::Ready(Turn::Over);
                 }
-                // More that is ready now (never waited for). A stream input hands over one
-                // item a call, so the items it gave before a panic in its `poll_next` are
-                // already done.
-                match input.as_mut().poll_take(cx, left, batch) {
-                    Poll::Ready(true) => left -= batch.len(),
-                    Poll::Ready(false) => return Poll::Ready(Turn::InputEnded),
-                    Poll::Pending => return Poll::Ready(Turn::Over),
+                // One unit of tokio's cooperative budget per `ITEMS_PER_UNIT` items (the
+                // channel takes none): a stage whose input is always ready and whose output
+                // always has room (a filter that keeps few items, a consumer on another
+                // thread) still lets the other tasks of its thread run. Out of budget, it
+                // hands on what is done and yields; the turn goes on at the next poll.
+                if unit_left == 0 {
+                    let Poll::Ready(budget) = tokio::task::coop::poll_proceed(cx) else {
+                        let _ = tx.push(done);
+                        break 'turn Poll::Pending;
+                    };
+                    budget.made_progress();
+                    unit_left = ITEMS_PER_UNIT;
                 }
-            }
+                // The turn's first item, or the next one that is ready now (never waited
+                // for). An input hands over one item a call, so the items it gave before a
+                // panic in it are already done.
+                let item = match next.take() {
+                    Some(item) => item,
+                    None => match input.as_mut().poll_item(cx) {
+                        Poll::Ready(Some(item)) => item,
+                        Poll::Ready(None) => break 'turn Poll::Ready(Turn::InputEnded),
+                        Poll::Pending => break 'turn Poll::Ready(Turn::Over),
+                    },
+                };
+                unit_left -= 1;
+                left -= 1;
+                call.set(Some(step(item)));
+            };
+            // Whatever this poll of the task does next (end the turn, wait), the room of the
+            // items it took goes back to the input first.
+            input.as_mut().settle();
+            polled
         })
         .await;
         let pushed = tx.push(done);
@@ -295,41 +338,70 @@ enum Turn {
     Cancelled,
 }
 
-/// What a stage reads: a [`Stage`] (taken from in batches) or any other stream.
+/// What a stage reads: a [`Stage`], an iterator, or any other stream.
 trait Input {
     type Item;
 
-    /// Moves up to `max` items that are ready into `into`. `Ready(true)`: at least one;
-    /// `Ready(false)`: the input ended; `Pending`: none yet (the task will be woken).
-    fn poll_take(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        max: usize,
-        into: &mut VecDeque<Self::Item>,
-    ) -> Poll<bool>;
+    /// The next item. `Ready(None)`: the input ended; `Pending`: none yet (the task will be
+    /// woken).
+    fn poll_item(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>>;
+
+    /// Gives back the room of the items taken since the last call (a [`Stage`] counts them
+    /// until then). Called before every return of the stage's task.
+    fn settle(self: Pin<&mut Self>) {}
 
     /// After the input ended: the panic upstream that ended it, if one did.
     fn caught(self: Pin<&mut Self>) -> Option<PanicError>;
 }
 
-/// A [`Stage`] read directly: its channel hands over everything it has in one go.
+/// A [`Stage`] read directly: items taken from its channel's buffer with no lock, their room
+/// given back once per poll of the reading task.
 struct StageInput<T>(Stage<T>);
 
 impl<T> Input for StageInput<T> {
     type Item = T;
 
-    fn poll_take(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        max: usize,
-        into: &mut VecDeque<T>,
-    ) -> Poll<bool> {
+    #[inline]
+    fn poll_item(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<T>> {
         // `Stage` is `Unpin`.
-        self.get_mut().0.poll_take(cx, max, into)
+        self.get_mut().0.poll_pop(cx)
+    }
+
+    #[inline]
+    fn settle(self: Pin<&mut Self>) {
+        self.get_mut().0.settle();
     }
 
     fn caught(self: Pin<&mut Self>) -> Option<PanicError> {
         self.0.end().and_then(StageEnd::panic).cloned()
+    }
+}
+
+/// An iterator, read with `next` (`None` once it ended: it is not called again).
+struct IterInput<It>(Option<It>);
+
+// The iterator is never pinned.
+impl<It> Unpin for IterInput<It> {}
+
+impl<It: Iterator> Input for IterInput<It> {
+    type Item = It::Item;
+
+    #[inline]
+    fn poll_item(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<Option<It::Item>> {
+        let this = self.get_mut();
+        let Some(items) = this.0.as_mut() else {
+            return Poll::Ready(None);
+        };
+        let item = items.next();
+        if item.is_none() {
+            // Dropped at its end: an iterator need not be fused.
+            this.0 = None;
+        }
+        Poll::Ready(item)
+    }
+
+    fn caught(self: Pin<&mut Self>) -> Option<PanicError> {
+        None
     }
 }
 
@@ -347,36 +419,22 @@ pin_project! {
 impl<S: Stream> Input for AnyInput<S> {
     type Item = S::Item;
 
-    fn poll_take(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        max: usize,
-        into: &mut VecDeque<S::Item>,
-    ) -> Poll<bool> {
+    fn poll_item(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<S::Item>> {
         let this = self.project();
         if *this.ended {
-            return Poll::Ready(false);
+            return Poll::Ready(None);
         }
-        // One item a call (see `run_loop`); `max` is at least one.
-        let _ = max;
         let listening = Listening::start();
         let polled = this.input.poll_next(cx);
         if let Some(panic) = heard_panic() {
             this.caught.get_or_insert(panic);
         }
         drop(listening);
-        match polled {
-            Poll::Ready(Some(item)) => {
-                into.push_back(item);
-                Poll::Ready(true)
-            }
-            Poll::Ready(None) => {
-                // A stream that ended is not polled again (it need not be fused).
-                *this.ended = true;
-                Poll::Ready(false)
-            }
-            Poll::Pending => Poll::Pending,
+        if let Poll::Ready(None) = polled {
+            // A stream that ended is not polled again (it need not be fused).
+            *this.ended = true;
         }
+        polled
     }
 
     fn caught(self: Pin<&mut Self>) -> Option<PanicError> {

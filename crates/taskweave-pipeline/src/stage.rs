@@ -1,7 +1,6 @@
 //! `Stage`: the output of a source or stage, the task behind it, and why it ended.
 
 use std::cell::{Cell, RefCell};
-use std::collections::VecDeque;
 use std::fmt;
 use std::pin::Pin;
 use std::sync::{Arc, OnceLock};
@@ -176,22 +175,25 @@ impl<T> Stage<T> {
         Arc::clone(&self.shared)
     }
 
-    /// What a stage reading this one directly takes: up to `max` items in one go.
-    /// `Ready(false)` once the output has ended.
-    pub(crate) fn poll_take(
-        &mut self,
-        cx: &mut Context<'_>,
-        max: usize,
-        into: &mut VecDeque<T>,
-    ) -> Poll<bool> {
+    /// What a stage reading this one directly takes: the next item, its room given back at
+    /// the next [`settle`](Self::settle) (one read-modify-write per turn of the reader, not
+    /// one per item). `Ready(None)` once the output has ended.
+    #[inline]
+    pub(crate) fn poll_pop(&mut self, cx: &mut Context<'_>) -> Poll<Option<T>> {
         if self.done {
-            return Poll::Ready(false);
+            return Poll::Ready(None);
         }
-        let taken = self.output.poll_take(cx, max, into);
-        if let Poll::Ready(false) = taken {
+        let popped = self.output.poll_pop(cx);
+        if let Poll::Ready(None) = popped {
             self.done = true;
         }
-        taken
+        popped
+    }
+
+    /// Gives back the room of the items [`poll_pop`](Self::poll_pop) handed out.
+    #[inline]
+    pub(crate) fn settle(&mut self) {
+        self.output.settle();
     }
 
     /// The stage's name, used in its logs and in a [`PanicError`] it reports.

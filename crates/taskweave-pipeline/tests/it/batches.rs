@@ -59,6 +59,61 @@ async fn a_consumer_that_waits_on_the_producer_after_one_item_is_not_stuck() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_stage_whose_step_waits_gives_back_the_room_of_the_items_it_took() {
+    // A stage reading a `Stage` takes items out of it without giving their room back one by
+    // one; it must give it back before it waits. Here the map waits on its first item while
+    // the source's output of two is full: the source gets room only if the map gave back
+    // the room of the item it took.
+    let gate = Arc::new(Semaphore::new(0));
+    let p = Pipeline::new(CancellationToken::new()).with_capacity(2);
+    let pulled = Arc::new(AtomicUsize::new(0));
+    let counter = Arc::clone(&pulled);
+    let opened = Arc::clone(&gate);
+    let out = p
+        .iter((0..10_u32).inspect(move |_| {
+            counter.fetch_add(1, Ordering::SeqCst);
+        }))
+        .spawn_map(&p, move |n| {
+            let gate = Arc::clone(&opened);
+            async move {
+                if n == 0 {
+                    gate.acquire().await.unwrap().forget();
+                }
+                n
+            }
+        });
+    // Item 0 waits in the map; 1 and 2 fill the source's output (two more pulled).
+    eventually(
+        "the source refills the room of the item the map took",
+        || pulled.load(Ordering::SeqCst) >= 3,
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    assert_eq!(
+        pulled.load(Ordering::SeqCst),
+        3,
+        "the source's output holds two"
+    );
+    assert!(out.is_empty(), "nothing passes the waiting call");
+    gate.add_permits(1);
+    assert_eq!(out.collect::<Vec<_>>().await, (0..10).collect::<Vec<_>>());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_source_whose_iterator_panics_hands_on_every_item_before_the_panic() {
+    let p = Pipeline::new(CancellationToken::new()).with_capacity(16);
+    let mut out = p
+        .named("numbers")
+        .iter((0..10_u32).inspect(|&n| assert!(n != 5, "five")));
+    assert_eq!((&mut out).collect::<Vec<_>>().await, [0, 1, 2, 3, 4]);
+    let panic = out.end().and_then(StageEnd::panic).expect("the panic");
+    assert_eq!(
+        (panic.name().as_ref(), panic.message()),
+        ("numbers", "five")
+    );
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_call_that_waits_hands_on_the_items_finished_before_it() {
     let gate = Arc::new(Semaphore::new(0));
     let p = Pipeline::new(CancellationToken::new()).with_capacity(8);

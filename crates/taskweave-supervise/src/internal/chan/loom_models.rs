@@ -101,3 +101,45 @@ fn yields_from_a_full_buffer_wake_the_sender_waiting_for_room() {
         sender.join().unwrap();
     });
 }
+
+/// Capacity two, a reader that pops without giving room back item by item (a pipeline
+/// stage): `poll_pop` settles before it waits, so the sender waiting for the room of the two
+/// popped items is woken, and the third item and the end arrive.
+#[test]
+fn pops_give_their_room_back_before_the_reader_waits() {
+    bounded_model(|| {
+        let (tx, mut rx) = bounded(2);
+        let sender = send_each(tx, vec![0, 1, 2]);
+        let mut got = Vec::new();
+        while let Some(item) = block_on(poll_fn(|cx| rx.poll_pop(cx))) {
+            got.push(item);
+        }
+        assert_eq!(got, [0, 1, 2]);
+        assert!(sender.join().unwrap().is_ok());
+    });
+}
+
+/// Capacity one: the reader pops, then settles by hand (as a stage does before its task
+/// returns) and waits for something the sender does only after its next send.
+#[test]
+fn a_settle_after_a_pop_lets_the_sender_send_again() {
+    bounded_model(|| {
+        let (tx, mut rx) = bounded(1);
+        let (done_tx, done_rx) = loom::sync::mpsc::channel();
+        let sender = thread::spawn(move || {
+            for item in [0, 1] {
+                block_on(poll_fn(|cx| tx.poll_room(cx))).unwrap();
+                tx.push(&mut VecDeque::from([item])).unwrap();
+            }
+            done_tx.send(()).unwrap();
+            tx
+        });
+        assert_eq!(block_on(poll_fn(|cx| rx.poll_pop(cx))), Some(0));
+        rx.settle();
+        done_rx.recv().unwrap();
+        assert_eq!(rx.len(), 1);
+        drop(sender.join().unwrap());
+        assert_eq!(block_on(poll_fn(|cx| rx.poll_pop(cx))), Some(1));
+        assert_eq!(block_on(poll_fn(|cx| rx.poll_pop(cx))), None);
+    });
+}

@@ -15,7 +15,10 @@
 //! the sender and the consumer. The receiver gives back one unit per item it yields (a
 //! `fetch_sub`), not per batch: a consumer that took one item and then waits for something
 //! the sender does after its next send must not find the sender stuck behind items it
-//! already consumed.
+//! already consumed. A reader that takes several items in one poll of its task (a pipeline
+//! stage reading the `Stage` before it) uses [`Receiver::poll_pop`] instead, and gives back the
+//! room of all of them with one [`Receiver::settle`] before its task returns: the items are
+//! still counted while it runs their steps, and never left counted while it waits.
 //!
 //! **Waiting for room.** The sender registers its waker, then sets `SENDER_WAITING` in
 //! `count` with a `fetch_or` and reads the count that returned; the receiver's `fetch_sub`
@@ -110,6 +113,7 @@ pub fn bounded<T>(capacity: usize) -> (Sender<T>, Receiver<T>) {
         Receiver {
             shared,
             buffer: std::sync::Mutex::new(VecDeque::new()),
+            unsettled: 0,
         },
     )
 }
@@ -245,6 +249,9 @@ pub struct Receiver<T> {
     /// the pipeline's `Stage<T>`, the tee's `TeeOutput<T>` holding it) is `Sync` whenever
     /// `T: Send`, as a bare `VecDeque<T>` is only when `T: Sync`.
     buffer: std::sync::Mutex<VecDeque<T>>,
+    /// Items [`poll_pop`](Self::poll_pop) handed out whose room is not given back yet (see
+    /// [`settle`](Self::settle)).
+    unsettled: usize,
 }
 
 impl<T> Receiver<T> {
@@ -319,8 +326,50 @@ impl<T> Receiver<T> {
         Poll::Pending
     }
 
+    /// Gives back the room of the items [`poll_pop`](Self::poll_pop) handed out since the
+    /// last call, in one read-modify-write. The reader of `poll_pop` calls it before its
+    /// task returns `Pending` (and `poll_pop` does before it waits), so that a sender waiting
+    /// for room is never left behind items already handed out.
+    #[inline]
+    pub fn settle(&mut self) {
+        if self.unsettled > 0 {
+            let n = mem::take(&mut self.unsettled);
+            self.release(n);
+        }
+    }
+
+    /// The next item, in order, *without* giving back its room: it stays counted until
+    /// [`settle`](Self::settle) (called here before the receiver waits). For a reader that
+    /// takes several items in one poll of its task (a pipeline stage reading a `Stage`): one
+    /// read-modify-write for all of them, and no move through a buffer of its own.
+    #[inline]
+    pub fn poll_pop(&mut self, cx: &mut Context<'_>) -> Poll<Option<T>> {
+        if let Some(item) = own(&mut self.buffer).pop_front() {
+            self.unsettled += 1;
+            return Poll::Ready(Some(item));
+        }
+        self.poll_pop_refill(cx)
+    }
+
+    /// [`poll_pop`](Self::poll_pop) once the buffer is empty: out of line, so that the
+    /// per-item path above inlines into the reader's loop.
+    #[inline(never)]
+    fn poll_pop_refill(&mut self, cx: &mut Context<'_>) -> Poll<Option<T>> {
+        // About to refill or wait: the room of what was handed out goes back first.
+        self.settle();
+        if !ready!(self.poll_filled(cx)) {
+            return Poll::Ready(None);
+        }
+        let item = own(&mut self.buffer).pop_front();
+        if item.is_some() {
+            self.unsettled += 1;
+        }
+        Poll::Ready(item)
+    }
+
     /// The next item, in order.
     pub fn poll_next(&mut self, cx: &mut Context<'_>) -> Poll<Option<T>> {
+        self.settle();
         if !ready!(self.poll_filled(cx)) {
             return Poll::Ready(None);
         }
@@ -340,6 +389,7 @@ impl<T> Receiver<T> {
         into: &mut VecDeque<T>,
     ) -> Poll<bool> {
         debug_assert!(max > 0);
+        self.settle();
         if !ready!(self.poll_filled(cx)) {
             return Poll::Ready(false);
         }
