@@ -23,10 +23,10 @@
 //!
 //! When the input is a [`Stage`] itself (the usual chain), the items are popped straight out
 //! of its channel's buffer (`Stage::poll_pop`: no lock, no move through a buffer of the
-//! stage's own), and the room they leave is given back once per poll of the stage's task, in
-//! one read-modify-write (`Stage::settle`, called before the task returns, whatever it does
-//! next): a stage that takes 32 items pays one, where a consumer's `poll_next` pays one per
-//! item. Until then those items are counted in both channels, never in neither. The input's
+//! stage's own). When it needs an item, the stage reserves as many as are ready and fit in
+//! what is left of the turn's room, and gives back their room in the input in one
+//! read-modify-write: a turn of 32 items usually pays one, where a consumer's `poll_next`
+//! pays one per item. From then on they count against the stage's own output. The input's
 //! type is recognised with a `TypeId` comparison (`Any`), which is all stable Rust offers in
 //! place of specialisation. A source over an iterator ([`Pipeline::iter`],
 //! [`Pipeline::repeat`]) calls `next` directly, with none of a stream's machinery per item.
@@ -239,7 +239,7 @@ where
         };
         // Wait for the first item of the turn.
         let first = watch
-            .run_until_cancelled(poll_fn(|cx| input.as_mut().poll_item(cx)))
+            .run_until_cancelled(poll_fn(|cx| input.as_mut().poll_item(cx, room)))
             .await;
         match first {
             None => return Stop::Cancelled,
@@ -251,7 +251,7 @@ where
         let mut left = room;
         // The items of the turn, in one poll loop (no await point per item).
         let turn = poll_fn(|cx| {
-            let polled = 'turn: loop {
+            loop {
                 if let Some(running) = call.as_mut().as_pin_mut() {
                     match running.poll(cx) {
                         Poll::Ready(output) => {
@@ -274,17 +274,17 @@ where
                             unit_left = 0;
                             watch.register(cx.waker());
                             if watch.is_cancelled() {
-                                break 'turn Poll::Ready(Turn::Cancelled);
+                                return Poll::Ready(Turn::Cancelled);
                             }
-                            break 'turn Poll::Pending;
+                            return Poll::Pending;
                         }
                     }
                 }
                 if watch.is_cancelled() {
-                    break 'turn Poll::Ready(Turn::Cancelled);
+                    return Poll::Ready(Turn::Cancelled);
                 }
                 if left == 0 {
-                    break 'turn Poll::Ready(Turn::Over);
+                    return Poll::Ready(Turn::Over);
                 }
                 // One unit of tokio's cooperative budget per `ITEMS_PER_UNIT` items (the
                 // channel takes none): a stage whose input is always ready and whose output
@@ -294,7 +294,7 @@ where
                 if unit_left == 0 {
                     let Poll::Ready(budget) = tokio::task::coop::poll_proceed(cx) else {
                         let _ = tx.push(done);
-                        break 'turn Poll::Pending;
+                        return Poll::Pending;
                     };
                     budget.made_progress();
                     unit_left = ITEMS_PER_UNIT;
@@ -304,20 +304,16 @@ where
                 // panic in it are already done.
                 let item = match next.take() {
                     Some(item) => item,
-                    None => match input.as_mut().poll_item(cx) {
+                    None => match input.as_mut().poll_item(cx, left) {
                         Poll::Ready(Some(item)) => item,
-                        Poll::Ready(None) => break 'turn Poll::Ready(Turn::InputEnded),
-                        Poll::Pending => break 'turn Poll::Ready(Turn::Over),
+                        Poll::Ready(None) => return Poll::Ready(Turn::InputEnded),
+                        Poll::Pending => return Poll::Ready(Turn::Over),
                     },
                 };
                 unit_left -= 1;
                 left -= 1;
                 call.set(Some(step(item)));
-            };
-            // Whatever this poll of the task does next (end the turn, wait), the room of the
-            // items it took goes back to the input first.
-            input.as_mut().settle();
-            polled
+            }
         })
         .await;
         let pushed = tx.push(done);
@@ -342,34 +338,29 @@ enum Turn {
 trait Input {
     type Item;
 
-    /// The next item. `Ready(None)`: the input ended; `Pending`: none yet (the task will be
-    /// woken).
-    fn poll_item(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>>;
-
-    /// Gives back the room of the items taken since the last call (a [`Stage`] counts them
-    /// until then). Called before every return of the stage's task.
-    fn settle(self: Pin<&mut Self>) {}
+    /// The next item, when the stage may take up to `max` (at least one) before its turn
+    /// ends. `Ready(None)`: the input ended; `Pending`: none yet (the task will be woken).
+    fn poll_item(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        max: usize,
+    ) -> Poll<Option<Self::Item>>;
 
     /// After the input ended: the panic upstream that ended it, if one did.
     fn caught(self: Pin<&mut Self>) -> Option<PanicError>;
 }
 
-/// A [`Stage`] read directly: items taken from its channel's buffer with no lock, their room
-/// given back once per poll of the reading task.
+/// A [`Stage`] read directly: items popped from its channel's buffer with no lock, their
+/// room given back for up to `max` at once.
 struct StageInput<T>(Stage<T>);
 
 impl<T> Input for StageInput<T> {
     type Item = T;
 
     #[inline]
-    fn poll_item(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<T>> {
+    fn poll_item(self: Pin<&mut Self>, cx: &mut Context<'_>, max: usize) -> Poll<Option<T>> {
         // `Stage` is `Unpin`.
-        self.get_mut().0.poll_pop(cx)
-    }
-
-    #[inline]
-    fn settle(self: Pin<&mut Self>) {
-        self.get_mut().0.settle();
+        self.get_mut().0.poll_pop(cx, max)
     }
 
     fn caught(self: Pin<&mut Self>) -> Option<PanicError> {
@@ -387,7 +378,11 @@ impl<It: Iterator> Input for IterInput<It> {
     type Item = It::Item;
 
     #[inline]
-    fn poll_item(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<Option<It::Item>> {
+    fn poll_item(
+        self: Pin<&mut Self>,
+        _cx: &mut Context<'_>,
+        _max: usize,
+    ) -> Poll<Option<It::Item>> {
         let this = self.get_mut();
         let Some(items) = this.0.as_mut() else {
             return Poll::Ready(None);
@@ -419,7 +414,7 @@ pin_project! {
 impl<S: Stream> Input for AnyInput<S> {
     type Item = S::Item;
 
-    fn poll_item(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<S::Item>> {
+    fn poll_item(self: Pin<&mut Self>, cx: &mut Context<'_>, _max: usize) -> Poll<Option<S::Item>> {
         let this = self.project();
         if *this.ended {
             return Poll::Ready(None);

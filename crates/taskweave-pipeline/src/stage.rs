@@ -175,25 +175,19 @@ impl<T> Stage<T> {
         Arc::clone(&self.shared)
     }
 
-    /// What a stage reading this one directly takes: the next item, its room given back at
-    /// the next [`settle`](Self::settle) (one read-modify-write per turn of the reader, not
-    /// one per item). `Ready(None)` once the output has ended.
+    /// What a stage reading this one directly takes: the next item, out of up to `max`
+    /// reserved at once (their room given back in one read-modify-write; see
+    /// `chan::Receiver::poll_pop`). `Ready(None)` once the output has ended.
     #[inline]
-    pub(crate) fn poll_pop(&mut self, cx: &mut Context<'_>) -> Poll<Option<T>> {
+    pub(crate) fn poll_pop(&mut self, cx: &mut Context<'_>, max: usize) -> Poll<Option<T>> {
         if self.done {
             return Poll::Ready(None);
         }
-        let popped = self.output.poll_pop(cx);
+        let popped = self.output.poll_pop(cx, max);
         if let Poll::Ready(None) = popped {
             self.done = true;
         }
         popped
-    }
-
-    /// Gives back the room of the items [`poll_pop`](Self::poll_pop) handed out.
-    #[inline]
-    pub(crate) fn settle(&mut self) {
-        self.output.settle();
     }
 
     /// The stage's name, used in its logs and in a [`PanicError`] it reports.

@@ -60,10 +60,10 @@ async fn a_consumer_that_waits_on_the_producer_after_one_item_is_not_stuck() {
 
 #[tokio::test(start_paused = true)]
 async fn a_stage_whose_step_waits_gives_back_the_room_of_the_items_it_took() {
-    // A stage reading a `Stage` takes items out of it without giving their room back one by
-    // one; it must give it back before it waits. Here the map waits on its first item while
-    // the source's output of two is full: the source gets room only if the map gave back
-    // the room of the item it took.
+    // A stage reading a `Stage` pops items out of its buffer without a read-modify-write per
+    // item; the room of what it took must still come back before it waits. Here the map
+    // waits on its first item while the source's output of two is full: the source gets
+    // room only if the map gave back the room of the items it took.
     let gate = Arc::new(Semaphore::new(0));
     let p = Pipeline::new(CancellationToken::new()).with_capacity(2);
     let pulled = Arc::new(AtomicUsize::new(0));
@@ -82,17 +82,18 @@ async fn a_stage_whose_step_waits_gives_back_the_room_of_the_items_it_took() {
                 n
             }
         });
-    // Item 0 waits in the map; 1 and 2 fill the source's output (two more pulled).
+    // The map took 0 and 1 (both fit in its output of two); 0 waits in its step. Their room
+    // in the source's output came back at once, and 2 and 3 fill it.
     eventually(
-        "the source refills the room of the item the map took",
-        || pulled.load(Ordering::SeqCst) >= 3,
+        "the source refills the room of the items the map took",
+        || pulled.load(Ordering::SeqCst) >= 4,
     )
     .await;
     tokio::time::sleep(Duration::from_millis(10)).await;
     assert_eq!(
         pulled.load(Ordering::SeqCst),
-        3,
-        "the source's output holds two"
+        4,
+        "two held by the map, two in the source's output, no more"
     );
     assert!(out.is_empty(), "nothing passes the waiting call");
     gate.add_permits(1);

@@ -102,16 +102,16 @@ fn yields_from_a_full_buffer_wake_the_sender_waiting_for_room() {
     });
 }
 
-/// Capacity two, a reader that pops without giving room back item by item (a pipeline
-/// stage): `poll_pop` settles before it waits, so the sender waiting for the room of the two
-/// popped items is woken, and the third item and the end arrive.
+/// Capacity two, a reader that reserves up to two items at a time (a pipeline stage): the
+/// room of what it reserved comes back at once, so the sender waiting for it is woken, and
+/// every item and the end arrive, in order.
 #[test]
-fn pops_give_their_room_back_before_the_reader_waits() {
+fn reserving_pops_give_the_room_back_and_lose_nothing() {
     bounded_model(|| {
         let (tx, mut rx) = bounded(2);
         let sender = send_each(tx, vec![0, 1, 2]);
         let mut got = Vec::new();
-        while let Some(item) = block_on(poll_fn(|cx| rx.poll_pop(cx))) {
+        while let Some(item) = block_on(poll_fn(|cx| rx.poll_pop(cx, 2))) {
             got.push(item);
         }
         assert_eq!(got, [0, 1, 2]);
@@ -119,10 +119,10 @@ fn pops_give_their_room_back_before_the_reader_waits() {
     });
 }
 
-/// Capacity one: the reader pops, then settles by hand (as a stage does before its task
-/// returns) and waits for something the sender does only after its next send.
+/// Capacity one: the reader pops one item, then waits for something the sender does only
+/// after its next send: the pop gave the item's room back.
 #[test]
-fn a_settle_after_a_pop_lets_the_sender_send_again() {
+fn a_pop_gives_the_room_back_before_the_reader_waits_elsewhere() {
     bounded_model(|| {
         let (tx, mut rx) = bounded(1);
         let (done_tx, done_rx) = loom::sync::mpsc::channel();
@@ -134,12 +134,11 @@ fn a_settle_after_a_pop_lets_the_sender_send_again() {
             done_tx.send(()).unwrap();
             tx
         });
-        assert_eq!(block_on(poll_fn(|cx| rx.poll_pop(cx))), Some(0));
-        rx.settle();
+        assert_eq!(block_on(poll_fn(|cx| rx.poll_pop(cx, 1))), Some(0));
         done_rx.recv().unwrap();
         assert_eq!(rx.len(), 1);
         drop(sender.join().unwrap());
-        assert_eq!(block_on(poll_fn(|cx| rx.poll_pop(cx))), Some(1));
-        assert_eq!(block_on(poll_fn(|cx| rx.poll_pop(cx))), None);
+        assert_eq!(block_on(poll_fn(|cx| rx.poll_pop(cx, 1))), Some(1));
+        assert_eq!(block_on(poll_fn(|cx| rx.poll_pop(cx, 1))), None);
     });
 }

@@ -16,9 +16,11 @@
 //! `fetch_sub`), not per batch: a consumer that took one item and then waits for something
 //! the sender does after its next send must not find the sender stuck behind items it
 //! already consumed. A reader that takes several items in one poll of its task (a pipeline
-//! stage reading the `Stage` before it) uses [`Receiver::poll_pop`] instead, and gives back the
-//! room of all of them with one [`Receiver::settle`] before its task returns: the items are
-//! still counted while it runs their steps, and never left counted while it waits.
+//! stage reading the `Stage` before it, which counts what it takes against the room of its
+//! own output) uses [`Receiver::poll_pop`] instead: when it needs an item it *reserves* up to
+//! as many as it may take, giving back their room in one `fetch_sub` at once, and then pops
+//! the reserved items one by one with no atomic at all. Reserved items wait at the front of
+//! the buffer, no longer counted here.
 //!
 //! **Waiting for room.** The sender registers its waker, then sets `SENDER_WAITING` in
 //! `count` with a `fetch_or` and reads the count that returned; the receiver's `fetch_sub`
@@ -113,7 +115,7 @@ pub fn bounded<T>(capacity: usize) -> (Sender<T>, Receiver<T>) {
         Receiver {
             shared,
             buffer: std::sync::Mutex::new(VecDeque::new()),
-            unsettled: 0,
+            reserved: 0,
         },
     )
 }
@@ -249,15 +251,15 @@ pub struct Receiver<T> {
     /// the pipeline's `Stage<T>`, the tee's `TeeOutput<T>` holding it) is `Sync` whenever
     /// `T: Send`, as a bare `VecDeque<T>` is only when `T: Sync`.
     buffer: std::sync::Mutex<VecDeque<T>>,
-    /// Items [`poll_pop`](Self::poll_pop) handed out whose room is not given back yet (see
-    /// [`settle`](Self::settle)).
-    unsettled: usize,
+    /// Items at the front of `buffer` whose room [`poll_pop`](Self::poll_pop) already gave
+    /// back: no longer in `count`.
+    reserved: usize,
 }
 
 impl<T> Receiver<T> {
-    /// Items waiting: queued and in the buffer.
+    /// Items waiting: queued and in the buffer (reserved ones included).
     pub fn len(&self) -> usize {
-        self.shared.len()
+        self.shared.len() + self.reserved
     }
 
     /// `true` when no item waits.
@@ -326,56 +328,55 @@ impl<T> Receiver<T> {
         Poll::Pending
     }
 
-    /// Gives back the room of the items [`poll_pop`](Self::poll_pop) handed out since the
-    /// last call, in one read-modify-write. The reader of `poll_pop` calls it before its
-    /// task returns `Pending` (and `poll_pop` does before it waits), so that a sender waiting
-    /// for room is never left behind items already handed out.
+    /// The next item, in order, for a reader that counts what it takes against room of its
+    /// own: when no reserved item is left, it reserves up to `max` of the items ready (at least
+    /// one) and gives back their room in one read-modify-write, then hands them out one per
+    /// call with no atomic. So a reader that takes up to `max` items in one go pays one
+    /// `fetch_sub` for all of them, and the sender gets their room back as soon as the
+    /// first is taken, not as each is. `max` must be at least one.
     #[inline]
-    pub fn settle(&mut self) {
-        if self.unsettled > 0 {
-            let n = mem::take(&mut self.unsettled);
-            self.release(n);
+    pub fn poll_pop(&mut self, cx: &mut Context<'_>, max: usize) -> Poll<Option<T>> {
+        if self.reserved > 0 {
+            self.reserved -= 1;
+            return Poll::Ready(own(&mut self.buffer).pop_front());
         }
+        self.poll_reserve(cx, max)
     }
 
-    /// The next item, in order, *without* giving back its room: it stays counted until
-    /// [`settle`](Self::settle) (called here before the receiver waits). For a reader that
-    /// takes several items in one poll of its task (a pipeline stage reading a `Stage`): one
-    /// read-modify-write for all of them, and no move through a buffer of its own.
-    #[inline]
-    pub fn poll_pop(&mut self, cx: &mut Context<'_>) -> Poll<Option<T>> {
-        if let Some(item) = own(&mut self.buffer).pop_front() {
-            self.unsettled += 1;
-            return Poll::Ready(Some(item));
-        }
-        self.poll_pop_refill(cx)
-    }
-
-    /// [`poll_pop`](Self::poll_pop) once the buffer is empty: out of line, so that the
+    /// [`poll_pop`](Self::poll_pop) once no reserved item is left: out of line, so that the
     /// per-item path above inlines into the reader's loop.
     #[inline(never)]
-    fn poll_pop_refill(&mut self, cx: &mut Context<'_>) -> Poll<Option<T>> {
-        // About to refill or wait: the room of what was handed out goes back first.
-        self.settle();
+    fn poll_reserve(&mut self, cx: &mut Context<'_>, max: usize) -> Poll<Option<T>> {
+        debug_assert!(max > 0);
         if !ready!(self.poll_filled(cx)) {
             return Poll::Ready(None);
         }
-        let item = own(&mut self.buffer).pop_front();
-        if item.is_some() {
-            self.unsettled += 1;
-        }
+        let buffer = own(&mut self.buffer);
+        let n = buffer.len().min(max.max(1));
+        let item = buffer.pop_front();
+        self.reserved = n - 1;
+        self.release(n);
         Poll::Ready(item)
+    }
+
+    /// Takes `n` items' room out of the count, unless they were reserved (their room was
+    /// given back then).
+    fn release_unreserved(&mut self, n: usize) {
+        let reserved = n.min(self.reserved);
+        self.reserved -= reserved;
+        if n > reserved {
+            self.release(n - reserved);
+        }
     }
 
     /// The next item, in order.
     pub fn poll_next(&mut self, cx: &mut Context<'_>) -> Poll<Option<T>> {
-        self.settle();
         if !ready!(self.poll_filled(cx)) {
             return Poll::Ready(None);
         }
         let item = own(&mut self.buffer).pop_front();
         if item.is_some() {
-            self.release(1);
+            self.release_unreserved(1);
         }
         Poll::Ready(item)
     }
@@ -389,7 +390,6 @@ impl<T> Receiver<T> {
         into: &mut VecDeque<T>,
     ) -> Poll<bool> {
         debug_assert!(max > 0);
-        self.settle();
         if !ready!(self.poll_filled(cx)) {
             return Poll::Ready(false);
         }
@@ -407,7 +407,7 @@ impl<T> Receiver<T> {
                 }
             }
         }
-        self.release(n);
+        self.release_unreserved(n);
         Poll::Ready(true)
     }
 }
@@ -452,3 +452,50 @@ impl<T> std::fmt::Debug for Receiver<T> {
 
 #[cfg(all(test, taskweave_loom))]
 mod loom_models;
+
+#[cfg(all(test, not(taskweave_loom)))]
+mod tests {
+    use std::collections::VecDeque;
+    use std::task::{Context, Poll, Waker};
+
+    use super::bounded;
+
+    /// A reader that reserves gives back the room of what it reserved at once, and reading a
+    /// reserved item another way (`poll_next`, `poll_take`) does not give it back twice.
+    #[test]
+    fn reserved_items_leave_the_count_once_whichever_way_they_are_read() {
+        let mut cx = Context::from_waker(Waker::noop());
+        let (tx, mut rx) = bounded::<u32>(8);
+        assert!(tx.push(&mut VecDeque::from([0, 1, 2, 3, 4, 5])).is_ok());
+        assert_eq!(tx.room(), 2);
+        // Three reserved (at most three wanted), the first handed out.
+        assert_eq!(rx.poll_pop(&mut cx, 3), Poll::Ready(Some(0)));
+        assert_eq!(tx.room(), 5, "the three reserved left the count at once");
+        assert_eq!(rx.len(), 5, "two reserved and three others still wait");
+        // A reserved item read by `poll_next`: no second release.
+        assert_eq!(rx.poll_next(&mut cx), Poll::Ready(Some(1)));
+        assert_eq!(tx.room(), 5);
+        // One reserved and two not, taken together: only the two leave the count.
+        let mut into = VecDeque::new();
+        assert_eq!(rx.poll_take(&mut cx, 3, &mut into), Poll::Ready(true));
+        assert_eq!(into, [2, 3, 4]);
+        assert_eq!(tx.room(), 7);
+        // The last one, popped on its own; then the close.
+        assert_eq!(rx.poll_pop(&mut cx, 4), Poll::Ready(Some(5)));
+        assert_eq!(tx.room(), 8);
+        assert_eq!(rx.len(), 0);
+        drop(tx);
+        assert_eq!(rx.poll_pop(&mut cx, 4), Poll::Ready(None));
+    }
+
+    /// With nothing ready, a reserving pop waits (and is woken by the next push).
+    #[test]
+    fn a_reserving_pop_with_nothing_ready_waits() {
+        let mut cx = Context::from_waker(Waker::noop());
+        let (tx, mut rx) = bounded::<u32>(2);
+        assert_eq!(rx.poll_pop(&mut cx, 2), Poll::Pending);
+        assert!(tx.push(&mut VecDeque::from([7])).is_ok());
+        assert_eq!(rx.poll_pop(&mut cx, 2), Poll::Ready(Some(7)));
+        assert_eq!(tx.room(), 2);
+    }
+}
