@@ -251,7 +251,7 @@ where
         let mut left = room;
         // The items of the turn, in one poll loop (no await point per item).
         let turn = poll_fn(|cx| {
-            loop {
+            let polled = 'turn: loop {
                 if let Some(running) = call.as_mut().as_pin_mut() {
                     match running.poll(cx) {
                         Poll::Ready(output) => {
@@ -274,17 +274,17 @@ where
                             unit_left = 0;
                             watch.register(cx.waker());
                             if watch.is_cancelled() {
-                                return Poll::Ready(Turn::Cancelled);
+                                break 'turn Poll::Ready(Turn::Cancelled);
                             }
-                            return Poll::Pending;
+                            break 'turn Poll::Pending;
                         }
                     }
                 }
                 if watch.is_cancelled() {
-                    return Poll::Ready(Turn::Cancelled);
+                    break 'turn Poll::Ready(Turn::Cancelled);
                 }
                 if left == 0 {
-                    return Poll::Ready(Turn::Over);
+                    break 'turn Poll::Ready(Turn::Over);
                 }
                 // One unit of tokio's cooperative budget per `ITEMS_PER_UNIT` items (the
                 // channel takes none): a stage whose input is always ready and whose output
@@ -294,7 +294,7 @@ where
                 if unit_left == 0 {
                     let Poll::Ready(budget) = tokio::task::coop::poll_proceed(cx) else {
                         let _ = tx.push(done);
-                        return Poll::Pending;
+                        break 'turn Poll::Pending;
                     };
                     budget.made_progress();
                     unit_left = ITEMS_PER_UNIT;
@@ -306,14 +306,18 @@ where
                     Some(item) => item,
                     None => match input.as_mut().poll_item(cx, left) {
                         Poll::Ready(Some(item)) => item,
-                        Poll::Ready(None) => return Poll::Ready(Turn::InputEnded),
-                        Poll::Pending => return Poll::Ready(Turn::Over),
+                        Poll::Ready(None) => break 'turn Poll::Ready(Turn::InputEnded),
+                        Poll::Pending => break 'turn Poll::Ready(Turn::Over),
                     },
                 };
                 unit_left -= 1;
                 left -= 1;
                 call.set(Some(step(item)));
-            }
+            };
+            // Before the task returns, whatever it does next: a sender upstream that a
+            // large reservation found waiting is woken now (`chan::DEFER_WAKE_ABOVE`).
+            input.as_mut().settle();
+            polled
         })
         .await;
         let pushed = tx.push(done);
@@ -346,6 +350,10 @@ trait Input {
         max: usize,
     ) -> Poll<Option<Self::Item>>;
 
+    /// Wakes what a large reservation owes a wake-up; called before every return of the
+    /// stage's task poll.
+    fn settle(self: Pin<&mut Self>) {}
+
     /// After the input ended: the panic upstream that ended it, if one did.
     fn caught(self: Pin<&mut Self>) -> Option<PanicError>;
 }
@@ -361,6 +369,11 @@ impl<T> Input for StageInput<T> {
     fn poll_item(self: Pin<&mut Self>, cx: &mut Context<'_>, max: usize) -> Poll<Option<T>> {
         // `Stage` is `Unpin`.
         self.get_mut().0.poll_pop(cx, max)
+    }
+
+    #[inline]
+    fn settle(self: Pin<&mut Self>) {
+        self.get_mut().0.settle();
     }
 
     fn caught(self: Pin<&mut Self>) -> Option<PanicError> {

@@ -190,6 +190,13 @@ impl<T> Stage<T> {
         popped
     }
 
+    /// Wakes the stage's task if a large reservation owes it a wake-up
+    /// (`chan::Receiver::settle`).
+    #[inline]
+    pub(crate) fn settle(&mut self) {
+        self.output.settle();
+    }
+
     /// The stage's name, used in its logs and in a [`PanicError`] it reports.
     #[must_use]
     pub fn name(&self) -> &TaskName {

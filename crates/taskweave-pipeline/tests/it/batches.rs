@@ -101,6 +101,42 @@ async fn a_stage_whose_step_waits_gives_back_the_room_of_the_items_it_took() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_stage_whose_step_waits_wakes_the_stage_before_it_after_a_large_take() {
+    // Past 32 items, a stage that finds the stage before it waiting for room wakes it at the
+    // end of its own task poll, not at once; it must still do so before it waits.
+    let gate = Arc::new(Semaphore::new(0));
+    let p = Pipeline::new(CancellationToken::new()).with_capacity(40);
+    let pulled = Arc::new(AtomicUsize::new(0));
+    let counter = Arc::clone(&pulled);
+    let opened = Arc::clone(&gate);
+    let out = p
+        .iter((0..200_u32).inspect(move |_| {
+            counter.fetch_add(1, Ordering::SeqCst);
+        }))
+        .spawn_map(&p, move |n| {
+            let gate = Arc::clone(&opened);
+            async move {
+                if n == 0 {
+                    gate.acquire().await.unwrap().forget();
+                }
+                n
+            }
+        });
+    // The map took all 40 the source had sent (the source waiting for room by then); 0
+    // waits in its step, and the source, woken, sends 40 more.
+    eventually(
+        "the source refills the room of the 40 items the map took",
+        || pulled.load(Ordering::SeqCst) >= 80,
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    assert_eq!(pulled.load(Ordering::SeqCst), 80);
+    assert!(out.is_empty(), "nothing passes the waiting call");
+    gate.add_permits(1);
+    assert_eq!(out.collect::<Vec<_>>().await, (0..200).collect::<Vec<_>>());
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_source_whose_iterator_panics_hands_on_every_item_before_the_panic() {
     let p = Pipeline::new(CancellationToken::new()).with_capacity(16);
     let mut out = p

@@ -9,7 +9,7 @@ use std::future::poll_fn;
 use loom::future::block_on;
 use loom::thread;
 
-use super::{Gone, Receiver, Sender, bounded};
+use super::{DEFER_WAKE_ABOVE, Gone, Receiver, Sender, bounded};
 
 /// Sends `items` one push at a time, waiting for room before each.
 fn send_each(tx: Sender<u32>, items: Vec<u32>) -> thread::JoinHandle<Result<(), Gone>> {
@@ -140,5 +140,56 @@ fn a_pop_gives_the_room_back_before_the_reader_waits_elsewhere() {
         drop(sender.join().unwrap());
         assert_eq!(block_on(poll_fn(|cx| rx.poll_pop(cx, 1))), Some(1));
         assert_eq!(block_on(poll_fn(|cx| rx.poll_pop(cx, 1))), None);
+    });
+}
+
+/// A reservation larger than `DEFER_WAKE_ABOVE` that finds the sender waiting owes it a
+/// wake-up until `settle`: a reader that settles and then waits for something the sender
+/// does after its next push is not stuck.
+#[test]
+fn a_large_reservation_wakes_the_waiting_sender_at_the_settle() {
+    bounded_model(|| {
+        let capacity = DEFER_WAKE_ABOVE + 2;
+        let (tx, mut rx) = bounded(capacity);
+        let (done_tx, done_rx) = loom::sync::mpsc::channel();
+        let sender = thread::spawn(move || {
+            let mut first: VecDeque<usize> = (0..capacity).collect();
+            tx.push(&mut first).unwrap();
+            block_on(poll_fn(|cx| tx.poll_room(cx))).unwrap();
+            tx.push(&mut VecDeque::from([capacity])).unwrap();
+            done_tx.send(()).unwrap();
+            tx
+        });
+        assert_eq!(block_on(poll_fn(|cx| rx.poll_pop(cx, capacity))), Some(0));
+        rx.settle();
+        done_rx.recv().unwrap();
+        drop(sender.join().unwrap());
+        let mut rest = Vec::new();
+        while let Some(item) = block_on(poll_fn(|cx| rx.poll_pop(cx, capacity))) {
+            rest.push(item);
+        }
+        assert_eq!(rest, (1..=capacity).collect::<Vec<_>>());
+    });
+}
+
+/// The same without a `settle` by hand: `poll_pop` settles before it refills or waits, so a
+/// reader that only pops loses no wake-up either.
+#[test]
+fn a_large_reservation_owed_wake_up_is_paid_before_the_reader_waits() {
+    bounded_model(|| {
+        let capacity = DEFER_WAKE_ABOVE + 2;
+        let (tx, mut rx) = bounded(capacity);
+        let sender = thread::spawn(move || {
+            let mut first: VecDeque<usize> = (0..capacity).collect();
+            tx.push(&mut first).unwrap();
+            block_on(poll_fn(|cx| tx.poll_room(cx))).unwrap();
+            tx.push(&mut VecDeque::from([capacity])).unwrap();
+        });
+        let mut got = Vec::new();
+        while let Some(item) = block_on(poll_fn(|cx| rx.poll_pop(cx, capacity))) {
+            got.push(item);
+        }
+        assert_eq!(got, (0..=capacity).collect::<Vec<_>>());
+        sender.join().unwrap();
     });
 }
