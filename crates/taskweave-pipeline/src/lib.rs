@@ -16,6 +16,12 @@
 //!   stops the stages upstream when the input is a [`Stage`].
 //! - Capacities are never zero ([`Pipeline::with_capacity`] panics on zero, where a
 //!   zero-sized buffer would hang).
+//! - **A step waits by awaiting, never by blocking its thread** (a blocking call, or
+//!   `tokio::task::block_in_place`) on something another stage of the same pipeline does.
+//!   A stage hands on its finished items, and wakes a stage upstream that waits for room
+//!   after a turn of more than 32 items, when its step returns or awaits: a step that
+//!   blocks waiting for them waits for ever. An awaiting step loses nothing: everything
+//!   owed is handed on before the stage's task waits.
 //!
 //! # Example
 //!

@@ -22,8 +22,8 @@
 //!   are when a cancelled stage drops it.
 //!
 //! When the input is a [`Stage`] itself (the usual chain), the items are popped straight out
-//! of its channel's buffer (`Stage::poll_pop`: no lock, no move through a buffer of the
-//! stage's own). When it needs an item, the stage reserves as many as are ready and fit in
+//! of its channel's buffer (`Stage::poll_pop`: no lock per item, only when the buffer is
+//! refilled, and no move through a buffer of the stage's own). When it needs an item, the stage reserves as many as are ready and fit in
 //! what is left of the turn's room, and gives back their room in the input in one
 //! read-modify-write: a turn of 32 items usually pays one, where a consumer's `poll_next`
 //! pays one per item. From then on they count against the stage's own output. The input's
@@ -111,7 +111,11 @@ where
     Fut: Future<Output = Option<O>> + Send,
     O: Send + 'static,
 {
-    spawn_input_stage(pipeline, default_name, IterInput(Some(items)), step)
+    let input = IterInput {
+        items,
+        ended: false,
+    };
+    spawn_input_stage(pipeline, default_name, input, step)
 }
 
 fn spawn_input_stage<I, F, Fut, O>(
@@ -314,8 +318,9 @@ where
                 left -= 1;
                 call.set(Some(step(item)));
             };
-            // Before the task returns, whatever it does next: a sender upstream that a
-            // large reservation found waiting is woken now (`chan::DEFER_WAKE_ABOVE`).
+            // At the end of every poll of the turn, whatever the task does next: a sender
+            // upstream that a large reservation found waiting is woken now
+            // (`chan::DEFER_WAKE_ABOVE`).
             input.as_mut().settle();
             polled
         })
@@ -381,8 +386,12 @@ impl<T> Input for StageInput<T> {
     }
 }
 
-/// An iterator, read with `next` (`None` once it ended: it is not called again).
-struct IterInput<It>(Option<It>);
+/// An iterator, read with `next` until it returns `None` (it is not called again: it need
+/// not be fused). It is dropped with the input, in the stage's catch for the input's drop.
+struct IterInput<It> {
+    items: It,
+    ended: bool,
+}
 
 // The iterator is never pinned.
 impl<It> Unpin for IterInput<It> {}
@@ -397,14 +406,11 @@ impl<It: Iterator> Input for IterInput<It> {
         _max: usize,
     ) -> Poll<Option<It::Item>> {
         let this = self.get_mut();
-        let Some(items) = this.0.as_mut() else {
+        if this.ended {
             return Poll::Ready(None);
-        };
-        let item = items.next();
-        if item.is_none() {
-            // Dropped at its end: an iterator need not be fused.
-            this.0 = None;
         }
+        let item = this.items.next();
+        this.ended = item.is_none();
         Poll::Ready(item)
     }
 

@@ -247,10 +247,11 @@ impl<T> Drop for Sender<T> {
 pub struct Receiver<T> {
     shared: Arc<Shared<T>>,
     /// Items taken from the queue in one go, yielded from here without the lock; still
-    /// counted in `count` until yielded. Only ever reached through `&mut self`
-    /// (`Mutex::get_mut`, which takes no lock): the mutex is there so that the receiver (and
-    /// the pipeline's `Stage<T>`, the tee's `TeeOutput<T>` holding it) is `Sync` whenever
-    /// `T: Send`, as a bare `VecDeque<T>` is only when `T: Sync`.
+    /// counted in `count` until yielded, except the `reserved` ones at the front. Only ever
+    /// reached through `&mut self` (`Mutex::get_mut`, which takes no lock): the mutex is
+    /// there so that the receiver (and the pipeline's `Stage<T>`, the tee's `TeeOutput<T>`
+    /// holding it) is `Sync` whenever `T: Send`, as a bare `VecDeque<T>` is only when
+    /// `T: Sync`.
     buffer: std::sync::Mutex<VecDeque<T>>,
     /// Items at the front of `buffer` whose room [`poll_pop`](Self::poll_pop) already gave
     /// back: no longer in `count`.
@@ -261,17 +262,21 @@ pub struct Receiver<T> {
 }
 
 /// A reservation of more items than this that finds the sender waiting for room defers its
-/// wake-up to the reader's next [`Receiver::settle`] (the end of the reader's task poll). On
-/// the multi-thread runtime a sender woken at once runs beside a reader that has a long
-/// turn ahead of it, on the other worker, and both work the channel at once; woken at the
-/// end of the reader's poll, it runs next on the same worker. Measured with three stages at
-/// a capacity of 1,024, consumed in a runtime task: about 0.6 × the time; at a capacity of
-/// 32 (reservations of at most 32, woken at once) the deferral measured about 10 % slower
-/// (`docs/benchmarks.md`, pipeline section).
+/// wake-up to the reader's next [`Receiver::settle`] (a pipeline stage calls it at the end of
+/// every poll of its turn). On the multi-thread runtime a sender woken at once tends to run
+/// beside a reader that has a long turn ahead of it, on the other worker, both working the
+/// channel at once; woken after the turn, it is likely to run next on the same worker (tokio
+/// does not promise either). Measured with three stages at a capacity of 1,024, consumed in
+/// a runtime task: 0.5–0.8 × the time; deferring every wake-up measured about 10 % slower at
+/// a capacity of 32, so smaller reservations wake at once (`docs/benchmarks.md`, pipeline
+/// section). The price: a reader that blocks its thread between the reservation and the
+/// `settle`, waiting for the sender's next push, waits for ever (the pipeline's docs tell
+/// steps to await instead).
 pub const DEFER_WAKE_ABOVE: usize = 32;
 
 impl<T> Receiver<T> {
-    /// Items waiting: queued and in the buffer (reserved ones included).
+    /// Items waiting: queued and in the buffer (reserved ones included, so after a
+    /// reservation this can exceed the capacity by the items reserved).
     pub fn len(&self) -> usize {
         self.shared.len() + self.reserved
     }
