@@ -58,19 +58,20 @@ async fn a_consumer_that_waits_on_the_producer_after_one_item_is_not_stuck() {
     assert_eq!(out.collect::<Vec<_>>().await, [1, 2, 3, 4, 5, 6, 7, 8, 9]);
 }
 
-#[tokio::test(start_paused = true)]
-async fn a_stage_whose_step_waits_gives_back_the_room_of_the_items_it_took() {
-    // A stage reading a `Stage` pops items out of its buffer without a read-modify-write per
-    // item; the room of what it took must still come back before it waits. Here the map
-    // waits on its first item while the source's output of two is full: the source gets
-    // room only if the map gave back the room of the items it took.
+/// A source of `0..items` that counts the items it pulls, into a map whose step for item 0
+/// waits on a gate; each output holds `capacity` items. A stage reading a `Stage` pops items
+/// without a read-modify-write per item, yet the room of what it took (and, past 32 items,
+/// the wake-up of a source waiting for it) must reach the source before the map waits:
+/// checked by how many items the source pulls meanwhile, `pulled_while_waiting`. Then the
+/// gate opens and every item arrives, in order.
+async fn a_map_waiting_on_its_first_item(capacity: usize, items: u32, pulled_while_waiting: usize) {
     let gate = Arc::new(Semaphore::new(0));
-    let p = Pipeline::new(CancellationToken::new()).with_capacity(2);
+    let p = Pipeline::new(CancellationToken::new()).with_capacity(capacity);
     let pulled = Arc::new(AtomicUsize::new(0));
     let counter = Arc::clone(&pulled);
     let opened = Arc::clone(&gate);
     let out = p
-        .iter((0..10_u32).inspect(move |_| {
+        .iter((0..items).inspect(move |_| {
             counter.fetch_add(1, Ordering::SeqCst);
         }))
         .spawn_map(&p, move |n| {
@@ -82,58 +83,38 @@ async fn a_stage_whose_step_waits_gives_back_the_room_of_the_items_it_took() {
                 n
             }
         });
-    // The map took 0 and 1 (both fit in its output of two); 0 waits in its step. Their room
-    // in the source's output came back at once, and 2 and 3 fill it.
     eventually(
         "the source refills the room of the items the map took",
-        || pulled.load(Ordering::SeqCst) >= 4,
+        || pulled.load(Ordering::SeqCst) >= pulled_while_waiting,
     )
     .await;
     tokio::time::sleep(Duration::from_millis(10)).await;
     assert_eq!(
         pulled.load(Ordering::SeqCst),
-        4,
-        "two held by the map, two in the source's output, no more"
+        pulled_while_waiting,
+        "the map's output and the source's output full, no more"
     );
     assert!(out.is_empty(), "nothing passes the waiting call");
     gate.add_permits(1);
-    assert_eq!(out.collect::<Vec<_>>().await, (0..10).collect::<Vec<_>>());
+    assert_eq!(
+        out.collect::<Vec<_>>().await,
+        (0..items).collect::<Vec<_>>()
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_stage_whose_step_waits_gives_back_the_room_of_the_items_it_took() {
+    // The map took 0 and 1 (both fit in its output of two); 0 waits in its step. Their room
+    // in the source's output came back at once, and 2 and 3 fill it: four pulled.
+    a_map_waiting_on_its_first_item(2, 10, 4).await;
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_stage_whose_step_waits_wakes_the_stage_before_it_after_a_large_take() {
-    // Past 32 items, a stage that finds the stage before it waiting for room wakes it at the
-    // end of its own task poll, not at once; it must still do so before it waits.
-    let gate = Arc::new(Semaphore::new(0));
-    let p = Pipeline::new(CancellationToken::new()).with_capacity(40);
-    let pulled = Arc::new(AtomicUsize::new(0));
-    let counter = Arc::clone(&pulled);
-    let opened = Arc::clone(&gate);
-    let out = p
-        .iter((0..200_u32).inspect(move |_| {
-            counter.fetch_add(1, Ordering::SeqCst);
-        }))
-        .spawn_map(&p, move |n| {
-            let gate = Arc::clone(&opened);
-            async move {
-                if n == 0 {
-                    gate.acquire().await.unwrap().forget();
-                }
-                n
-            }
-        });
-    // The map took all 40 the source had sent (the source waiting for room by then); 0
-    // waits in its step, and the source, woken, sends 40 more.
-    eventually(
-        "the source refills the room of the 40 items the map took",
-        || pulled.load(Ordering::SeqCst) >= 80,
-    )
-    .await;
-    tokio::time::sleep(Duration::from_millis(10)).await;
-    assert_eq!(pulled.load(Ordering::SeqCst), 80);
-    assert!(out.is_empty(), "nothing passes the waiting call");
-    gate.add_permits(1);
-    assert_eq!(out.collect::<Vec<_>>().await, (0..200).collect::<Vec<_>>());
+    // The map took all 40 the source had sent (the source waiting for room by then), a take
+    // past 32 whose wake-up waits for the end of the map's turn; 0 waits in its step, and
+    // the source, woken before the map waits, sends 40 more: eighty pulled.
+    a_map_waiting_on_its_first_item(40, 200, 80).await;
 }
 
 #[tokio::test(start_paused = true)]
