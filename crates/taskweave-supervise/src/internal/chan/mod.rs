@@ -294,15 +294,29 @@ impl<T> Receiver<T> {
     /// Gives back the room of `n` items that left the channel, waking the sender if it
     /// waits for room.
     fn release(&self, n: usize) {
+        if self.give_back(n) {
+            self.wake_sender();
+        }
+    }
+
+    /// Gives back the room of `n` items; `true` when the sender was waiting for room (its
+    /// flag is cleared: the caller owes it the wake-up).
+    fn give_back(&self, n: usize) -> bool {
         let before = self.shared.count.fetch_sub(n, Ordering::AcqRel);
-        if before & SENDER_WAITING != 0 {
+        let waiting = before & SENDER_WAITING != 0;
+        if waiting {
             self.shared
                 .count
                 .fetch_and(!SENDER_WAITING, Ordering::AcqRel);
-            let waker = lock(&self.shared.state).tx_waker.take();
-            if let Some(waker) = waker {
-                waker.wake();
-            }
+        }
+        waiting
+    }
+
+    /// Wakes the sender, if its waker is there, outside the lock.
+    fn wake_sender(&self) {
+        let waker = lock(&self.shared.state).tx_waker.take();
+        if let Some(waker) = waker {
+            waker.wake();
         }
     }
 
@@ -375,16 +389,12 @@ impl<T> Receiver<T> {
         let n = buffer.len().min(max.max(1));
         let item = buffer.pop_front();
         self.reserved = n - 1;
-        if n > DEFER_WAKE_ABOVE {
-            let before = self.shared.count.fetch_sub(n, Ordering::AcqRel);
-            if before & SENDER_WAITING != 0 {
-                self.shared
-                    .count
-                    .fetch_and(!SENDER_WAITING, Ordering::AcqRel);
+        if self.give_back(n) {
+            if n > DEFER_WAKE_ABOVE {
                 self.wake_owed = true;
+            } else {
+                self.wake_sender();
             }
-        } else {
-            self.release(n);
         }
         Poll::Ready(item)
     }
@@ -396,10 +406,7 @@ impl<T> Receiver<T> {
     pub fn settle(&mut self) {
         if self.wake_owed {
             self.wake_owed = false;
-            let waker = lock(&self.shared.state).tx_waker.take();
-            if let Some(waker) = waker {
-                waker.wake();
-            }
+            self.wake_sender();
         }
     }
 
@@ -535,7 +542,7 @@ mod tests {
         assert_eq!(rx.poll_pop(&mut cx, 4), Poll::Ready(None));
     }
 
-    /// With nothing ready, a reserving pop waits (and is woken by the next push).
+    /// With nothing ready, a reserving pop waits; after the next push it is ready.
     #[test]
     fn a_reserving_pop_with_nothing_ready_waits() {
         let mut cx = Context::from_waker(Waker::noop());
