@@ -65,8 +65,10 @@ fn batches_both_ways_keep_the_count_within_the_capacity() {
                 next = end;
             }
         });
-        let mut got = VecDeque::new();
-        while block_on(poll_fn(|cx| rx.poll_take(cx, 2, &mut got))) {}
+        let mut got = Vec::new();
+        while let Some(item) = block_on(poll_fn(|cx| rx.poll_pop(cx, 2))) {
+            got.push(item);
+        }
         assert_eq!(got, [0, 1, 2]);
         sender.join().unwrap();
     });

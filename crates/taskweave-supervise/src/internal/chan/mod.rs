@@ -433,37 +433,6 @@ impl<T> Receiver<T> {
         }
         Poll::Ready(item)
     }
-
-    /// Moves up to `max` items into `into`. `Ready(true)`: at least one was moved;
-    /// `Ready(false)`: the sender is gone and nothing is left; `Pending`: nothing yet.
-    pub fn poll_take(
-        &mut self,
-        cx: &mut Context<'_>,
-        max: usize,
-        into: &mut VecDeque<T>,
-    ) -> Poll<bool> {
-        debug_assert!(max > 0);
-        self.settle();
-        if !ready!(self.poll_filled(cx)) {
-            return Poll::Ready(false);
-        }
-        let buffer = own(&mut self.buffer);
-        let n = buffer.len().min(max);
-        if n == buffer.len() && into.is_empty() {
-            mem::swap(buffer, into);
-        } else {
-            // `extend(drain(..n))` goes through the generic per-item path; this is a tight
-            // loop after one reservation.
-            into.reserve(n);
-            for _ in 0..n {
-                if let Some(item) = buffer.pop_front() {
-                    into.push_back(item);
-                }
-            }
-        }
-        self.release_unreserved(n);
-        Poll::Ready(true)
-    }
 }
 
 impl<T> Drop for Receiver<T> {
@@ -515,7 +484,7 @@ mod tests {
     use super::bounded;
 
     /// A reader that reserves gives back the room of what it reserved at once, and reading a
-    /// reserved item another way (`poll_next`, `poll_take`) does not give it back twice.
+    /// reserved item with `poll_next` does not give it back twice.
     #[test]
     fn reserved_items_leave_the_count_once_whichever_way_they_are_read() {
         let mut cx = Context::from_waker(Waker::noop());
@@ -529,11 +498,11 @@ mod tests {
         // A reserved item read by `poll_next`: no second release.
         assert_eq!(rx.poll_next(&mut cx), Poll::Ready(Some(1)));
         assert_eq!(tx.room(), 5);
-        // One reserved and two not, taken together: only the two leave the count.
-        let mut into = VecDeque::new();
-        assert_eq!(rx.poll_take(&mut cx, 3, &mut into), Poll::Ready(true));
-        assert_eq!(into, [2, 3, 4]);
-        assert_eq!(tx.room(), 7);
+        // The last reserved one, then two that were not: only those two leave the count.
+        for (item, room) in [(2, 5), (3, 6), (4, 7)] {
+            assert_eq!(rx.poll_next(&mut cx), Poll::Ready(Some(item)));
+            assert_eq!(tx.room(), room);
+        }
         // The last one, popped on its own; then the close.
         assert_eq!(rx.poll_pop(&mut cx, 4), Poll::Ready(Some(5)));
         assert_eq!(tx.room(), 8);
