@@ -106,6 +106,48 @@ async fn shutdown_cancels_the_token_so_cooperative_tasks_finish() {
     );
 }
 
+// The deadline's timer is armed only after one scheduling round: a task that needs many rounds
+// to stop still gets its whole grace, and no more.
+#[tokio::test(start_paused = true)]
+async fn a_task_that_stops_over_many_scheduling_rounds_is_waited_for_within_the_grace() {
+    let supervisor = Supervisor::new(CancellationToken::new());
+    let token = supervisor.token();
+    supervisor
+        .spawn("winding-down", async move {
+            token.cancelled().await;
+            for _ in 0..100 {
+                tokio::task::yield_now().await;
+            }
+            tokio::time::sleep(40 * MS).await;
+        })
+        .unwrap();
+    supervisor
+        .spawn("stubborn", tokio::time::sleep(Duration::from_secs(5)))
+        .unwrap();
+    let started = Instant::now();
+    let report = supervisor.shutdown(50 * MS).await;
+    assert_eq!(report.finished, ["winding-down"]);
+    assert_eq!(report.aborted, ["stubborn"]);
+    assert!(report.budget_expired);
+    assert_eq!(started.elapsed(), 50 * MS, "the grace counts from the call");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_grace_too_long_for_a_deadline_drains_without_one() {
+    let supervisor = Supervisor::new(CancellationToken::new());
+    let token = supervisor.token();
+    supervisor
+        .spawn("listener", async move {
+            token.cancelled().await;
+            tokio::time::sleep(Duration::from_secs(3600)).await;
+        })
+        .unwrap();
+    let report = supervisor.shutdown(Duration::MAX).await;
+    assert!(report.is_clean());
+    assert_eq!(report.finished, ["listener"]);
+    assert_eq!(report.elapsed, Duration::from_secs(3600));
+}
+
 #[tokio::test(start_paused = true)]
 async fn parent_cancellation_reaches_the_supervisor_token() {
     let parent = CancellationToken::new();
