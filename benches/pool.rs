@@ -30,7 +30,8 @@
 //! once (`take_per_worker(8)`); `…/take_32` lets a worker take up to 32. The
 //! `pool_scaling_workers` and `pool_scaling_queue` groups run 100,000 trivial jobs through 1,
 //! 2, 8 and 64 workers and through queues of 1, 64 and 4,096, against the async-channel pool
-//! of the same shape.
+//! of the same shape. `pool_lifecycle` times a pool's whole life with one job (built, one
+//! submit, closed with `close` or `close_within`) against the hand-written async-channel pool.
 //!
 //! `cargo bench -p taskweave-benches --bench pool`; ratios in `docs/benchmarks.md`.
 
@@ -651,5 +652,73 @@ fn scaling(c: &mut Criterion) {
     }
 }
 
-criterion_group!(benches, pool, cancel_blocked, scaling);
+/// A pool's whole life with one trivial job: built (4 workers, queue 128), one job
+/// submitted, closed and waited for: `close`, `close_within` (a deadline of a minute that is
+/// never reached) and the hand-written async-channel pool of the same shape (the sender
+/// dropped, the workers joined). For code that makes a short-lived pool per request.
+fn lifecycle(c: &mut Criterion) {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let mut group = c.benchmark_group("pool_lifecycle/current_thread");
+    group.sample_size(20);
+    group.measurement_time(Duration::from_secs(2));
+    let pool = || {
+        WorkerPool::new(
+            CancellationToken::new(),
+            WORKERS,
+            CAPACITY,
+            |_context, input: u64| async move { Ok::<_, std::convert::Infallible>(input) },
+        )
+    };
+    group.bench_function("WorkerPool/close", |b| {
+        b.iter(|| {
+            runtime.block_on(async {
+                let pool = pool();
+                pool.try_submit(1).unwrap();
+                black_box(pool.close().await.metrics.completed)
+            })
+        });
+    });
+    group.bench_function("WorkerPool/close_within", |b| {
+        b.iter(|| {
+            runtime.block_on(async {
+                let pool = pool();
+                pool.try_submit(1).unwrap();
+                let report = pool.close_within(Duration::from_secs(60)).await;
+                black_box(report.metrics.completed)
+            })
+        });
+    });
+    group.bench_function("async-channel", |b| {
+        b.iter(|| {
+            runtime.block_on(async {
+                let (sender, receiver) = async_channel::bounded::<u64>(CAPACITY);
+                let workers: Vec<_> = (0..WORKERS)
+                    .map(|_| {
+                        let receiver = receiver.clone();
+                        tokio::spawn(async move {
+                            let mut done = 0_u64;
+                            while let Ok(input) = receiver.recv().await {
+                                done += black_box(input);
+                            }
+                            done
+                        })
+                    })
+                    .collect();
+                sender.try_send(1).unwrap();
+                drop(sender);
+                let mut completed = 0;
+                for worker in workers {
+                    completed += worker.await.unwrap();
+                }
+                black_box(completed)
+            })
+        });
+    });
+    group.finish();
+}
+
+criterion_group!(benches, pool, cancel_blocked, scaling, lifecycle);
 criterion_main!(benches);

@@ -82,6 +82,29 @@ async fn close_within_that_drains_in_time_reports_no_expiry() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn close_within_of_an_idle_pool_returns_at_once() {
+    let pool = sleepy_pool(CancellationToken::new(), 4);
+    let started = Instant::now();
+    let report = pool.close_within(Duration::from_secs(1)).await;
+    assert_eq!(started.elapsed(), Duration::ZERO);
+    assert!(!report.deadline_expired);
+    assert_eq!(report.metrics.workers_alive, 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn close_within_a_deadline_too_far_to_represent_waits_without_one() {
+    let pool = sleepy_pool(CancellationToken::new(), 1);
+    for job in [3_600_000, 10] {
+        pool.try_submit(job).unwrap();
+    }
+    let started = Instant::now();
+    let report = pool.close_within(Duration::MAX).await;
+    assert_eq!(started.elapsed(), Duration::from_millis(3_600_010));
+    assert!(!report.deadline_expired);
+    assert_eq!(report.metrics.completed, 2);
+}
+
+#[tokio::test(start_paused = true)]
 async fn cancelling_the_token_stops_intake_and_queued_jobs_are_handed_back() {
     let baseline = alive_tasks();
     let token = CancellationToken::new();

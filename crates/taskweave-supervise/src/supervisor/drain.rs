@@ -59,8 +59,10 @@ impl Supervisor {
     /// its driver when it is registered (with the IO driver enabled, a write to an eventfd,
     /// and the next `epoll_wait` returns at once); on the current-thread runtime that was
     /// about 0.8 µs of a 2.6 µs drain of one task (`--bench supervise`,
-    /// `supervisor_scaling/current_thread/Supervisor/1`). The deadline is fixed by the
-    /// caller before the yield, so arming late does not lengthen it.
+    /// `supervisor_scaling/current_thread/Supervisor/1`). Where an earlier timer is pending
+    /// the registration wakes nothing, and what is saved is the wheel's insert and removal.
+    /// The deadline is fixed by the caller before the yield, so arming late does not
+    /// lengthen it.
     async fn drained_by(&self, me: Option<Id>, deadline: Option<Instant>) -> bool {
         let wait = self.wait_drained(me);
         let mut wait = std::pin::pin!(wait);
