@@ -54,16 +54,18 @@ impl Supervisor {
     /// Waits for the drain until `deadline` (`None`: a grace too long to be represented, no
     /// deadline); true if it completed in time.
     ///
-    /// Most drains end within one scheduling round of the cancellation, so the deadline's
-    /// timer is armed only after a yield. A timer that becomes a runtime's earliest wakes
-    /// its driver when it is registered (with the IO driver enabled, a write to an eventfd,
-    /// and the next `epoll_wait` returns at once); on the current-thread runtime that was
-    /// about 0.8 µs of a 2.6 µs drain of one task (`--bench supervise`,
-    /// `supervisor_scaling/current_thread/Supervisor/1`). Where an earlier timer is pending
-    /// the registration wakes nothing, and what is saved is the wheel's insert and removal.
-    /// The deadline is fixed by the caller before the yield, so arming late does not
+    /// A drain of tasks that stop as soon as they are cancelled usually ends within the
+    /// scheduling round of the cancellation, so the deadline's timer is registered only after
+    /// one yield. Registering a timer that is due before the earliest one the runtime's driver
+    /// recorded when it last parked (or when it recorded none) wakes the driver: with the IO
+    /// driver enabled, an eventfd write, and the next `epoll_wait` returns at once
+    /// (`docs/benchmarks.md`, supervise section, measures what that cost a drain of one
+    /// task). The `Sleep` is still created up front, so a runtime without its time driver
+    /// panics at once, as `tokio::time::sleep_until` documents, not only when a drain is slow.
+    /// The deadline was fixed by the caller before the yield, so registering late does not
     /// lengthen it.
     async fn drained_by(&self, me: Option<Id>, deadline: Option<Instant>) -> bool {
+        let expiry = deadline.map(tokio::time::sleep_until);
         let wait = self.wait_drained(me);
         let mut wait = std::pin::pin!(wait);
         tokio::select! {
@@ -71,8 +73,14 @@ impl Supervisor {
             () = &mut wait => return true,
             () = tokio::task::yield_now() => {}
         }
-        match deadline {
-            Some(deadline) => tokio::time::timeout_at(deadline, wait).await.is_ok(),
+        match expiry {
+            // The wait first, as `tokio::time::timeout` does: a drain that completes as the
+            // deadline passes counts as in time.
+            Some(expiry) => tokio::select! {
+                biased;
+                () = &mut wait => true,
+                () = expiry => false,
+            },
             None => {
                 wait.await;
                 true
@@ -101,7 +109,8 @@ impl Supervisor {
     /// # Panics
     ///
     /// Panics if `grace` is zero: a drain needs time; to abort at once, pass the smallest
-    /// grace that suits you (`Duration::from_nanos(1)`).
+    /// grace that suits you (`Duration::from_nanos(1)`). Panics, like `tokio::time::sleep`,
+    /// on a runtime built without its time driver (`enable_time`), however quick the drain.
     ///
     /// # Cancel safety
     ///

@@ -106,19 +106,18 @@ async fn shutdown_cancels_the_token_so_cooperative_tasks_finish() {
     );
 }
 
-// The deadline's timer is armed only after one scheduling round: a task that needs many rounds
-// to stop still gets its whole grace, and no more.
+// The deadline's timer is registered only after one scheduling round, but the grace counts
+// from the call: the clock moves 20 ms during that round (the task advances it), and the
+// stubborn task is still aborted 50 ms after the call, not 50 ms after the registration.
 #[tokio::test(start_paused = true)]
-async fn a_task_that_stops_over_many_scheduling_rounds_is_waited_for_within_the_grace() {
+async fn the_grace_counts_from_the_call_though_its_timer_is_registered_a_round_later() {
     let supervisor = Supervisor::new(CancellationToken::new());
     let token = supervisor.token();
     supervisor
         .spawn("winding-down", async move {
             token.cancelled().await;
-            for _ in 0..100 {
-                tokio::task::yield_now().await;
-            }
-            tokio::time::sleep(40 * MS).await;
+            tokio::time::advance(20 * MS).await;
+            tokio::time::sleep(20 * MS).await;
         })
         .unwrap();
     supervisor
@@ -130,6 +129,21 @@ async fn a_task_that_stops_over_many_scheduling_rounds_is_waited_for_within_the_
     assert_eq!(report.aborted, ["stubborn"]);
     assert!(report.budget_expired);
     assert_eq!(started.elapsed(), 50 * MS, "the grace counts from the call");
+}
+
+// The deadline's timer is registered late, but created at once: a runtime without timers
+// is found out by every `shutdown`, not only by a slow drain.
+#[test]
+#[should_panic(expected = "timers")]
+fn shutdown_on_a_runtime_without_timers_panics_even_when_the_drain_is_quick() {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let supervisor = Supervisor::new(CancellationToken::new());
+        supervisor.close();
+        let _ = supervisor.shutdown(Duration::from_secs(1)).await;
+    });
 }
 
 #[tokio::test(start_paused = true)]
