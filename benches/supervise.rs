@@ -1,7 +1,9 @@
 //! Cost per task of a panic-capturing spawn, against `tokio::spawn` and `TaskTracker::spawn`.
 //!
 //! Each iteration spawns `TASKS` trivial tasks and awaits them all, so the figure covers
-//! spawn, one poll, completion and join. A second group, `supervisor_scaling`, has 1, 1,000
+//! spawn, one poll, completion and join. On the multi-thread runtime the `…/in_task` rows
+//! make the same spawns from a task of the runtime instead of from the thread that calls
+//! `block_on`. A second group, `supervisor_scaling`, has 1, 1,000
 //! and 100,000 live tasks waiting on the token, stopped together, against a `TaskTracker`:
 //! how spawn and drain cost grow with the number of live tasks. Run with `cargo bench -p
 //! taskweave-benches --bench supervise`; the ratios go in `docs/benchmarks.md`.
@@ -77,6 +79,51 @@ fn spawn_and_join(c: &mut Criterion) {
                 });
             });
         });
+
+        // On the multi-thread runtime, the same spawns made by a task of the runtime (as a
+        // request handler makes them) instead of by the thread that calls `block_on`.
+        if flavor != "current_thread" {
+            group.bench_function(BenchmarkId::new("tokio::spawn/in_task", TASKS), |b| {
+                b.iter(|| {
+                    runtime.block_on(common::in_task(async {
+                        let handles: Vec<_> = (0..TASKS)
+                            .map(|i| tokio::spawn(async move { black_box(i) }))
+                            .collect();
+                        let mut sum = 0;
+                        for handle in handles {
+                            sum += handle.await.unwrap();
+                        }
+                        sum
+                    }))
+                });
+            });
+            group.bench_function(BenchmarkId::new("TaskTracker::spawn/in_task", TASKS), |b| {
+                b.iter(|| {
+                    runtime.block_on(common::in_task(async {
+                        let tracker = TaskTracker::new();
+                        for i in 0..TASKS {
+                            tracker.spawn(async move { black_box(i) });
+                        }
+                        tracker.close();
+                        tracker.wait().await;
+                        0
+                    }))
+                });
+            });
+            group.bench_function(BenchmarkId::new("Supervisor::spawn/in_task", TASKS), |b| {
+                b.iter(|| {
+                    runtime.block_on(common::in_task(async {
+                        let supervisor = Supervisor::new(CancellationToken::new());
+                        for i in 0..TASKS {
+                            drop(supervisor.spawn("bench", async move { black_box(i) }));
+                        }
+                        supervisor.close();
+                        supervisor.wait().await;
+                        0
+                    }))
+                });
+            });
+        }
 
         // The same work as the `tokio::spawn` row: every handle kept and awaited.
         group.bench_function(BenchmarkId::new("Supervisor::spawn, joined", TASKS), |b| {

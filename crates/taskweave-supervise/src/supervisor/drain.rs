@@ -44,7 +44,15 @@ impl Supervisor {
             // Registered before the check, so a drain that completes right after the check
             // still wakes this waiter.
             notified.as_mut().enable();
-            if self.state().is_drained(except) {
+            // Drained: nothing will be spawned, so the retired handles' tasks are freed now.
+            let retired = {
+                let mut state = self.state();
+                state
+                    .is_drained(except)
+                    .then(|| std::mem::take(&mut state.retired))
+            };
+            if let Some(retired) = retired {
+                drop(retired);
                 return;
             }
             notified.await;

@@ -34,6 +34,15 @@ pub(crate) use registration::current_runtime;
 ///
 /// `Supervisor` is a cheap handle: clones share the same tasks.
 ///
+/// # Memory
+///
+/// A task's future is dropped when it ends. On the multi-thread runtime, the rest of the task's
+/// memory (tokio's task cell) is freed in batches of up to 32 tasks, by a later spawn or at the
+/// end of a drain, on the thread that spawns or drains rather than on the worker that ran the
+/// task: freeing memory on the thread that allocated it avoids contention on the allocator
+/// (measured in `docs/benchmarks.md`, supervise section). Tasks whose future or output is
+/// larger than 1 KiB are freed at once.
+///
 /// # Comparison to tokio-util's `TaskTracker`
 ///
 /// `TaskTracker` keeps accepting tasks after
@@ -97,6 +106,9 @@ struct State {
     tasks: Slab<Entry>,
     /// One log per `shutdown` call in progress: the outcomes of the tasks that end during it.
     drains: Vec<(u64, DrainLog)>,
+    /// Abort handles of ended tasks on the multi-thread runtime, dropped in a batch by a later
+    /// `register` or at the end of a drain, outside the lock (`registration::RETIRED_MAX`).
+    retired: Vec<AbortHandle>,
     next_drain: u64,
     // Counters live under the lock that registration and removal take anyway: no extra
     // atomic operations per task, and `metrics()` reads a consistent snapshot.
@@ -356,3 +368,6 @@ impl fmt::Debug for Supervisor {
             .finish_non_exhaustive()
     }
 }
+
+#[cfg(all(test, not(taskweave_loom)))]
+mod tests;

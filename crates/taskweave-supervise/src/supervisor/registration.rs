@@ -1,12 +1,13 @@
 //! Registration: `Supervisor::spawn`, the slot each task holds, and the future it runs.
 
 use std::future::Future;
+use std::mem;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, ready};
 
 use pin_project_lite::pin_project;
-use tokio::runtime::Handle;
+use tokio::runtime::{Handle, RuntimeFlavor};
 
 use super::{Entry, Shared, Supervisor};
 use crate::{CatchPanic, PanicError, SpawnError, TaskHandle, TaskName, catch_panic};
@@ -64,6 +65,8 @@ impl Supervisor {
     /// Claims a slot for a task named `name`, or counts a refusal when closed.
     pub(crate) fn register(&self, name: &TaskName) -> Option<Registration> {
         let mut state = self.state();
+        let retired = (state.retired.len() >= RETIRED_SWEEP)
+            .then(|| mem::replace(&mut state.retired, Vec::with_capacity(RETIRED_MAX)));
         if state.closed {
             state.refused += 1;
             drop(state);
@@ -78,12 +81,18 @@ impl Supervisor {
             abort: None,
         });
         state.spawned += 1;
-        Some(Registration {
+        drop(state);
+        let registration = Registration {
             shared: Arc::clone(&self.shared),
             key,
             id,
             outcome: Outcome::Aborted,
-        })
+            retire: false,
+        };
+        // Outside the lock, and once the registration exists: dropping a handle can free a
+        // task, and nothing here may leave a claimed slot without its registration.
+        drop(retired);
+        Some(registration)
     }
 
     /// Spawns `future` for a slot claimed by [`register`](Self::register); `failed` tells
@@ -101,6 +110,9 @@ impl Supervisor {
         F::Output: Send + 'static,
     {
         let (key, id) = (registration.key, registration.id);
+        let mut registration = registration;
+        registration.retire = runtime.runtime_flavor() == RuntimeFlavor::MultiThread
+            && mem::size_of::<F>().max(mem::size_of::<F::Output>()) <= RETIRE_SIZE_MAX;
         let supervised = Supervised {
             future: catch_panic(name.clone(), future),
             failed,
@@ -159,7 +171,28 @@ pub(crate) struct Registration {
     key: usize,
     id: u64,
     outcome: Outcome,
+    /// Whether the slot's abort handle goes to `State::retired` when the task ends (see
+    /// `RETIRED_MAX`).
+    retire: bool,
 }
+
+/// On the multi-thread runtime, the abort handles of up to this many ended tasks are kept in
+/// `State::retired` and dropped in a batch by a later `register`, outside the lock, instead
+/// of by the worker that ran each task, under it.
+///
+/// The handle is usually a task's last reference, so whoever drops it frees the task's memory.
+/// A worker freeing memory that the spawning thread allocated contends with that thread for
+/// the allocator's lock on it (glibc's arena lock: `perf` put about a fifth of the
+/// multi-thread `spawn_and_join` row there, `docs/benchmarks.md`, supervise section); freed by
+/// the spawning thread, it does not. The price is memory: up to this many ended tasks' cells
+/// (their futures are already dropped; only tasks whose future and output are at most
+/// `RETIRE_SIZE_MAX` bytes are kept) until the next spawn or the end of a drain. Correctness
+/// does not depend on which thread frees what.
+pub(super) const RETIRED_MAX: usize = 32;
+/// How many retired handles `register` lets pile up before it drops them.
+pub(super) const RETIRED_SWEEP: usize = 16;
+/// The largest future or output whose task is retired rather than freed at once.
+pub(super) const RETIRE_SIZE_MAX: usize = 1024;
 
 impl Drop for Registration {
     fn drop(&mut self) {
@@ -175,7 +208,15 @@ impl Drop for Registration {
             Some(entry) if entry.id == self.id => Some(state.tasks.remove(self.key)),
             _ => None,
         };
-        if let Some(entry) = removed {
+        let mut abort = None;
+        if let Some(mut entry) = removed {
+            abort = entry.abort.take();
+            if self.retire
+                && state.retired.len() < RETIRED_MAX
+                && let Some(handle) = abort.take()
+            {
+                state.retired.push(handle);
+            }
             for (_, log) in &mut state.drains {
                 let names = match self.outcome {
                     Outcome::Finished => &mut log.finished,
@@ -190,6 +231,7 @@ impl Drop for Registration {
         // waiter that is that very task is drained; it checks for itself.
         let maybe_drained = state.may_be_drained();
         drop(guard);
+        drop(abort);
         if maybe_drained {
             self.shared.drained.notify_waiters();
         }
