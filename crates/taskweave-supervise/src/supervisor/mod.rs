@@ -37,11 +37,13 @@ pub(crate) use registration::current_runtime;
 /// # Memory
 ///
 /// A task's future is dropped when it ends. On the multi-thread runtime, the rest of the task's
-/// memory (tokio's task cell) is freed in batches of up to 32 tasks, by a later spawn or at the
-/// end of a drain, on the thread that spawns or drains rather than on the worker that ran the
-/// task: freeing memory on the thread that allocated it avoids contention on the allocator
-/// (measured in `docs/benchmarks.md`, supervise section). Tasks whose future or output is
-/// larger than 1 KiB are freed at once.
+/// memory (tokio's task cell) may be kept for a while, for up to 32 ended tasks: it is freed in
+/// a batch by a spawn once 16 are pending, when a [`wait`](Self::wait) or
+/// [`shutdown`](Self::shutdown) completes, or when the supervisor is dropped, on that thread
+/// rather than on the worker that ran the task: memory freed by the thread that allocated it
+/// avoids contention on the allocator (measured in `docs/benchmarks.md`, supervise section).
+/// A kept cell also keeps the runtime's handle alive if the supervisor outlives the runtime.
+/// Tasks whose future or output is larger than 1 KiB are freed at once.
 ///
 /// # Comparison to tokio-util's `TaskTracker`
 ///

@@ -177,17 +177,20 @@ pub(crate) struct Registration {
 }
 
 /// On the multi-thread runtime, the abort handles of up to this many ended tasks are kept in
-/// `State::retired` and dropped in a batch by a later `register`, outside the lock, instead
-/// of by the worker that ran each task, under it.
+/// `State::retired` and dropped in a batch, outside the lock, by a `register` (once
+/// `RETIRED_SWEEP` are pending) or when a drain completes, instead of being dropped on the
+/// worker that ran each task.
 ///
-/// The handle is usually a task's last reference, so whoever drops it frees the task's memory.
-/// A worker freeing memory that the spawning thread allocated contends with that thread for
-/// the allocator's lock on it (glibc's arena lock: `perf` put about a fifth of the
-/// multi-thread `spawn_and_join` row there, `docs/benchmarks.md`, supervise section); freed by
-/// the spawning thread, it does not. The price is memory: up to this many ended tasks' cells
-/// (their futures are already dropped; only tasks whose future and output are at most
-/// `RETIRE_SIZE_MAX` bytes are kept) until the next spawn or the end of a drain. Correctness
-/// does not depend on which thread frees what.
+/// Kept past the task's end, the handle becomes the task's last reference, so whoever drops
+/// it frees the task's memory (tokio's task cell). Freed by the worker, as happens without it
+/// (the harness's own last reference), a cell the spawning thread allocated makes the worker
+/// contend with that thread for the allocator's lock on it (glibc's arena lock: `perf` put
+/// about a fifth of the multi-thread `spawn_and_join` row there, `docs/benchmarks.md`,
+/// supervise section); freed by the spawning thread, it does not. The price is memory: up to
+/// this many ended tasks' cells (their futures and outputs already dropped, each about
+/// `RETIRE_SIZE_MAX` plus a few hundred bytes at most), and while a cell is kept it keeps the
+/// runtime's handle alive. Correctness does not depend on which thread frees what, nor on a
+/// dropped handle running no user code: `register` drops them once its registration exists.
 pub(super) const RETIRED_MAX: usize = 32;
 /// How many retired handles `register` lets pile up before it drops them.
 pub(super) const RETIRED_SWEEP: usize = 16;
@@ -231,10 +234,10 @@ impl Drop for Registration {
         // waiter that is that very task is drained; it checks for itself.
         let maybe_drained = state.may_be_drained();
         drop(guard);
-        drop(abort);
         if maybe_drained {
             self.shared.drained.notify_waiters();
         }
+        drop(abort);
     }
 }
 

@@ -20,10 +20,30 @@ fn retired(supervisor: &Supervisor) -> usize {
     supervisor.state().retired.len()
 }
 
-/// Waits until every task spawned so far has ended.
-async fn until_idle(supervisor: &Supervisor) {
-    while !supervisor.is_empty() {
-        tokio::task::yield_now().await;
+/// Spawns `count` tasks that each wait for a gate before running `make()`'s future (so none
+/// ends, and no sweep runs, before every task's handle is stored), opens the gate and waits
+/// until they have all ended.
+fn spawn_gated<F, Fut>(supervisor: &Supervisor, count: usize, make: F) -> impl Future<Output = ()>
+where
+    F: Fn() -> Fut,
+    Fut: Future + Send + 'static,
+    Fut::Output: Send + 'static,
+{
+    let gate = CancellationToken::new();
+    for _ in 0..count {
+        let gate = gate.clone();
+        let work = make();
+        drop(supervisor.spawn("gated", async move {
+            gate.cancelled().await;
+            work.await
+        }));
+    }
+    gate.cancel();
+    let supervisor = supervisor.clone();
+    async move {
+        while !supervisor.is_empty() {
+            tokio::task::yield_now().await;
+        }
     }
 }
 
@@ -31,14 +51,7 @@ async fn until_idle(supervisor: &Supervisor) {
 fn ended_tasks_are_retired_within_the_bound_and_swept_by_the_next_spawn() {
     multi_thread().block_on(async {
         let supervisor = Supervisor::new(CancellationToken::new());
-        // Every task waits for the gate, so none ends (and no sweep runs) while spawning.
-        let gate = CancellationToken::new();
-        for _ in 0..RETIRED_MAX + 10 {
-            let gate = gate.clone();
-            drop(supervisor.spawn("gated", async move { gate.cancelled().await }));
-        }
-        gate.cancel();
-        until_idle(&supervisor).await;
+        spawn_gated(&supervisor, RETIRED_MAX + 10, || async {}).await;
         assert_eq!(
             retired(&supervisor),
             RETIRED_MAX,
@@ -55,10 +68,7 @@ fn ended_tasks_are_retired_within_the_bound_and_swept_by_the_next_spawn() {
 fn a_drain_drops_every_retired_handle() {
     multi_thread().block_on(async {
         let supervisor = Supervisor::new(CancellationToken::new());
-        for _ in 0..RETIRED_SWEEP - 1 {
-            drop(supervisor.spawn("short", async {}));
-        }
-        until_idle(&supervisor).await;
+        spawn_gated(&supervisor, RETIRED_SWEEP - 1, || async {}).await;
         assert_eq!(retired(&supervisor), RETIRED_SWEEP - 1);
         supervisor.close();
         supervisor.wait().await;
@@ -74,10 +84,7 @@ fn tasks_on_the_current_thread_runtime_are_never_retired() {
         .unwrap();
     runtime.block_on(async {
         let supervisor = Supervisor::new(CancellationToken::new());
-        for _ in 0..RETIRED_MAX {
-            drop(supervisor.spawn("short", async {}));
-        }
-        until_idle(&supervisor).await;
+        spawn_gated(&supervisor, RETIRED_MAX, || async {}).await;
         assert_eq!(retired(&supervisor), 0);
     });
 }
@@ -86,13 +93,22 @@ fn tasks_on_the_current_thread_runtime_are_never_retired() {
 fn tasks_with_a_large_future_are_never_retired() {
     multi_thread().block_on(async {
         let supervisor = Supervisor::new(CancellationToken::new());
-        for _ in 0..RETIRED_SWEEP {
+        spawn_gated(&supervisor, RETIRED_SWEEP - 1, || {
             let large = [0_u8; RETIRE_SIZE_MAX + 1];
-            drop(supervisor.spawn("large", async move {
+            async move {
                 std::hint::black_box(&large);
-            }));
-        }
-        until_idle(&supervisor).await;
-        assert_eq!(retired(&supervisor), 0);
+            }
+        })
+        .await;
+        assert_eq!(
+            retired(&supervisor),
+            0,
+            "a future over the size is freed at once"
+        );
+        spawn_gated(&supervisor, RETIRED_SWEEP - 1, || async {
+            [0_u8; RETIRE_SIZE_MAX + 1]
+        })
+        .await;
+        assert_eq!(retired(&supervisor), 0, "so is an output over the size");
     });
 }
