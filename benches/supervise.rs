@@ -29,27 +29,13 @@ fn spawn_and_join(c: &mut Criterion) {
 
         group.bench_function(BenchmarkId::new("tokio::spawn", TASKS), |b| {
             b.iter(|| {
-                runtime.block_on(async {
-                    let handles: Vec<_> = (0..TASKS)
-                        .map(|i| tokio::spawn(async move { black_box(i) }))
-                        .collect();
-                    for handle in handles {
-                        black_box(handle.await.unwrap());
-                    }
-                });
+                runtime.block_on(tokio_spawn_and_join());
             });
         });
 
         group.bench_function(BenchmarkId::new("TaskTracker::spawn", TASKS), |b| {
             b.iter(|| {
-                runtime.block_on(async {
-                    let tracker = TaskTracker::new();
-                    for i in 0..TASKS {
-                        tracker.spawn(async move { black_box(i) });
-                    }
-                    tracker.close();
-                    tracker.wait().await;
-                });
+                runtime.block_on(tracker_spawn_and_wait());
             });
         });
 
@@ -68,61 +54,22 @@ fn spawn_and_join(c: &mut Criterion) {
 
         group.bench_function(BenchmarkId::new("Supervisor::spawn", TASKS), |b| {
             b.iter(|| {
-                runtime.block_on(async {
-                    let supervisor = Supervisor::new(CancellationToken::new());
-                    for i in 0..TASKS {
-                        // Handles dropped: the supervisor tracks the tasks, like TaskTracker.
-                        drop(supervisor.spawn("bench", async move { black_box(i) }));
-                    }
-                    supervisor.close();
-                    supervisor.wait().await;
-                });
+                runtime.block_on(supervisor_spawn_and_wait());
             });
         });
 
         // On the multi-thread runtime, the same spawns made by a task of the runtime (as a
         // request handler makes them) instead of by the thread that calls `block_on`.
         if flavor != "current_thread" {
-            group.bench_function(BenchmarkId::new("tokio::spawn/in_task", TASKS), |b| {
-                b.iter(|| {
-                    runtime.block_on(common::in_task(async {
-                        let handles: Vec<_> = (0..TASKS)
-                            .map(|i| tokio::spawn(async move { black_box(i) }))
-                            .collect();
-                        let mut sum = 0;
-                        for handle in handles {
-                            sum += handle.await.unwrap();
-                        }
-                        sum
-                    }))
+            for (name, run) in [
+                ("tokio::spawn/in_task", tokio_spawn_and_join as fn() -> _),
+                ("TaskTracker::spawn/in_task", tracker_spawn_and_wait),
+                ("Supervisor::spawn/in_task", supervisor_spawn_and_wait),
+            ] {
+                group.bench_function(BenchmarkId::new(name, TASKS), |b| {
+                    b.iter(|| runtime.block_on(common::in_task(run())));
                 });
-            });
-            group.bench_function(BenchmarkId::new("TaskTracker::spawn/in_task", TASKS), |b| {
-                b.iter(|| {
-                    runtime.block_on(common::in_task(async {
-                        let tracker = TaskTracker::new();
-                        for i in 0..TASKS {
-                            tracker.spawn(async move { black_box(i) });
-                        }
-                        tracker.close();
-                        tracker.wait().await;
-                        0
-                    }))
-                });
-            });
-            group.bench_function(BenchmarkId::new("Supervisor::spawn/in_task", TASKS), |b| {
-                b.iter(|| {
-                    runtime.block_on(common::in_task(async {
-                        let supervisor = Supervisor::new(CancellationToken::new());
-                        for i in 0..TASKS {
-                            drop(supervisor.spawn("bench", async move { black_box(i) }));
-                        }
-                        supervisor.close();
-                        supervisor.wait().await;
-                        0
-                    }))
-                });
-            });
+            }
         }
 
         // The same work as the `tokio::spawn` row: every handle kept and awaited.
@@ -146,6 +93,49 @@ fn spawn_and_join(c: &mut Criterion) {
 
         group.finish();
     }
+}
+
+type Run = std::pin::Pin<Box<dyn Future<Output = u64> + Send>>;
+
+/// `TASKS` spawns, every handle awaited.
+fn tokio_spawn_and_join() -> Run {
+    Box::pin(async {
+        let handles: Vec<_> = (0..TASKS)
+            .map(|i| tokio::spawn(async move { black_box(i) }))
+            .collect();
+        let mut sum = 0;
+        for handle in handles {
+            sum += black_box(handle.await.unwrap());
+        }
+        sum
+    })
+}
+
+/// `TASKS` spawns on a tracker, closed and waited for.
+fn tracker_spawn_and_wait() -> Run {
+    Box::pin(async {
+        let tracker = TaskTracker::new();
+        for i in 0..TASKS {
+            tracker.spawn(async move { black_box(i) });
+        }
+        tracker.close();
+        tracker.wait().await;
+        0
+    })
+}
+
+/// `TASKS` spawns on a supervisor, handles dropped (the supervisor tracks the tasks, like
+/// `TaskTracker`), closed and waited for.
+fn supervisor_spawn_and_wait() -> Run {
+    Box::pin(async {
+        let supervisor = Supervisor::new(CancellationToken::new());
+        for i in 0..TASKS {
+            drop(supervisor.spawn("bench", async move { black_box(i) }));
+        }
+        supervisor.close();
+        supervisor.wait().await;
+        0
+    })
 }
 
 /// Yields until `live` tasks have started (and are waiting on their token).
