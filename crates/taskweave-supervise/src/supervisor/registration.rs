@@ -101,7 +101,7 @@ impl Supervisor {
         &self,
         runtime: &Handle,
         name: TaskName,
-        registration: Registration,
+        mut registration: Registration,
         future: F,
         failed: fn(&F::Output) -> bool,
     ) -> TaskHandle<F::Output>
@@ -110,7 +110,6 @@ impl Supervisor {
         F::Output: Send + 'static,
     {
         let (key, id) = (registration.key, registration.id);
-        let mut registration = registration;
         registration.retire = runtime.runtime_flavor() == RuntimeFlavor::MultiThread
             && mem::size_of::<F>().max(mem::size_of::<F::Output>()) <= RETIRE_SIZE_MAX;
         let supervised = Supervised {
