@@ -1,9 +1,12 @@
 //! `PipelineExt`: stages as methods on any stream.
 
 use std::future::{Future, ready};
+use std::pin::Pin;
+use std::task::{Context, Poll};
 
 use futures::Stream;
-use futures::future::{Either, FutureExt};
+use futures::future::Either;
+use pin_project_lite::pin_project;
 
 use crate::run::spawn_stage;
 use crate::{First, Pipeline, Stage};
@@ -61,7 +64,7 @@ pub trait PipelineExt: Stream + Sized {
         Fut::Output: Send + 'static,
     {
         spawn_stage(pipeline, "pipeline-map", self, move |item| {
-            f(item).map(Some)
+            SomeOutput::new(f(item))
         })
     }
 
@@ -167,7 +170,7 @@ pub trait PipelineExt: Stream + Sized {
         Fut: Future<Output = Result<U, E>> + Send,
     {
         spawn_stage(pipeline, "pipeline-try-map", self, move |item| match item {
-            Ok(value) => Either::Left(f(value).map(Some)),
+            Ok(value) => Either::Left(SomeOutput::new(f(value))),
             Err(error) => Either::Right(ready(Some(Err(error)))),
         })
     }
@@ -199,3 +202,28 @@ pub trait PipelineExt: Stream + Sized {
 }
 
 impl<S: Stream> PipelineExt for S {}
+
+pin_project! {
+    /// A step's future with its output wrapped in `Some`. Unlike `FutureExt::map`, it does
+    /// not drop the step's future inside `poll` when it completes: the stage drops it after
+    /// keeping the output, so a `Drop` of that future that panics (user code) does not take
+    /// a finished item with it.
+    struct SomeOutput<Fut> {
+        #[pin]
+        future: Fut,
+    }
+}
+
+impl<Fut> SomeOutput<Fut> {
+    fn new(future: Fut) -> Self {
+        SomeOutput { future }
+    }
+}
+
+impl<Fut: Future> Future for SomeOutput<Fut> {
+    type Output = Option<Fut::Output>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        self.project().future.poll(cx).map(Some)
+    }
+}

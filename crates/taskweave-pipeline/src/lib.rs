@@ -18,9 +18,10 @@
 //!   zero-sized buffer would hang).
 //! - **A step waits by awaiting, never by blocking its thread** (a blocking call, or
 //!   `tokio::task::block_in_place`) on something another stage of the same pipeline does.
-//!   A stage hands on its finished items, and wakes a stage upstream that waits for room
-//!   after a turn of more than 32 items, when its step returns or awaits: a step that
-//!   blocks waiting for them waits for ever. An awaiting step loses nothing: everything
+//!   A stage hands on its finished items when its step awaits or its turn ends (and, while
+//!   its reader waits, each one as it finishes), and wakes a stage upstream that waits for
+//!   room after a turn of more than 32 items when its step awaits or its turn ends: a step
+//!   that blocks waiting for them waits for ever. An awaiting step loses nothing: everything
 //!   owed is handed on before the stage's task waits.
 //!
 //! # Example

@@ -9,14 +9,16 @@
 //! - everything the stage holds, the item in its step included, has a place in its output,
 //!   so the capacity still bounds the items between two stages;
 //! - a step that has to wait (an async call that is pending) first hands on what is done,
-//!   and so does every finished item while the reader is parked waiting for one (a slow
-//!   step that never waits does not hold a batch back);
+//!   and an item finished while the reader is parked waiting for one is handed on at once
+//!   (with any finished before it). So a step that runs long without ever waiting holds
+//!   back only the items finished before it in the same turn while the reader was busy;
 //! - one unit of tokio's cooperative budget per up to [`ITEMS_PER_UNIT`] items of a turn, so
 //!   a stage whose input is always ready still gives way to its thread's other tasks, after
 //!   starting at most 1,024 items (tokio's budget of 128 units; tokio's own `recv_many`
 //!   spends one unit per call, however many items it takes);
-//! - the token is checked before every item and while a step waits, so a cancel stops the
-//!   stage within one item. The results already computed are pushed before the stage ends
+//! - the token is checked before every item, while a step waits and before a waiting step
+//!   is polled again, so a cancel stops the stage within one item, and a cancel seen first
+//!   wins over a step that became ready in the same instant (its output is never made). The results already computed are pushed before the stage ends
 //!   (on a cancel and after a panic too): an item the stage finished is never lost. Items
 //!   taken from the input but not started are dropped, as items still queued in the input
 //!   are when a cancelled stage drops it.
@@ -168,9 +170,21 @@ async fn stage_task<I, F, Fut, O>(
     let mut done = VecDeque::new();
     let mut next = None;
     let mut input = Box::pin(input);
+    // The step and its call in flight (user values as well) live out here for the same
+    // reason.
+    let mut step = step;
+    let mut call = pin!(None::<Fut>);
     let looped = catch_panic(
         name.clone(),
-        run_loop(input.as_mut(), step, &tx, &watch, &mut done, &mut next),
+        run_loop(
+            input.as_mut(),
+            &mut step,
+            call.as_mut(),
+            &tx,
+            &watch,
+            &mut done,
+            &mut next,
+        ),
     )
     .await;
     let mut end = match looped {
@@ -189,7 +203,9 @@ async fn stage_task<I, F, Fut, O>(
         drop(done);
     });
     // Before the end is recorded: a panic here is the stage's panic, unless it already had one.
-    let dropped = catch_drops(&name, "input", || {
+    let dropped = catch_drops(&name, "input and step", || {
+        call.set(None);
+        drop(step);
         drop(next);
         drop(input);
     });
@@ -213,7 +229,9 @@ fn catch_drops(name: &TaskName, what: &str, drop_them: impl FnOnce()) -> Option<
 
 async fn run_loop<I, F, Fut, O>(
     mut input: Pin<&mut I>,
-    mut step: F,
+    step: &mut F,
+    // The call of `step` in flight, kept across polls when it waits.
+    mut call: Pin<&mut Option<Fut>>,
     tx: &chan::Sender<O>,
     watch: &TokenWatch,
     done: &mut VecDeque<O>,
@@ -224,8 +242,6 @@ where
     F: FnMut(I::Item) -> Fut,
     Fut: Future<Output = Option<O>>,
 {
-    // The call of `step` in flight, kept across polls when it waits.
-    let mut call = pin!(None::<Fut>);
     loop {
         // Items left on the unit of budget spent last. It starts at zero at every point where
         // the task may have returned `Pending` (here, before the turn's awaits, and where a
@@ -255,19 +271,31 @@ where
         let mut left = room;
         // The items of the turn, in one poll loop (no await point per item).
         let turn = poll_fn(|cx| {
+            // A call in flight here waited in an earlier poll. A cancel seen before it is
+            // polled again wins over the call, even one that became ready in the same
+            // instant: its future is dropped and its output never made.
+            let mut resumed = call.is_some();
             let polled = 'turn: loop {
+                if resumed {
+                    resumed = false;
+                    if watch.is_cancelled() {
+                        break 'turn Poll::Ready(Turn::Cancelled);
+                    }
+                }
                 if let Some(running) = call.as_mut().as_pin_mut() {
                     match running.poll(cx) {
                         Poll::Ready(output) => {
-                            call.set(None);
+                            let finished = output.is_some();
+                            // Kept before the future is dropped: a `Drop` of it that panics
+                            // (user code) does not take the finished item with it.
                             if let Some(output) = output {
                                 done.push_back(output);
-                                // A reader waiting for items gets this one now, not at the
-                                // end of the turn (a slow step that never waits would
-                                // otherwise hold a whole batch back).
-                                if tx.receiver_parked() {
-                                    let _ = tx.push(done);
-                                }
+                            }
+                            call.set(None);
+                            // A reader waiting for items gets this one now, not at the end
+                            // of the turn.
+                            if finished && tx.receiver_parked() {
+                                let _ = tx.push(done);
                             }
                         }
                         Poll::Pending => {

@@ -111,7 +111,8 @@ pub(crate) fn heard_panic() -> Option<PanicError> {
 ///   one push; the `Stage` takes everything queued in one go. Nothing waits to fill a batch:
 ///   one item at a time goes straight through, a call that has to wait first hands on the
 ///   items finished before it, and while the reader waits each item is handed on as soon
-///   as it is finished.
+///   as it is finished (with any finished before the reader began to wait: a step that
+///   runs long without waiting holds back only the items finished before it in its turn).
 /// - **End**: the stream ends once the stage's task has recorded why it stopped (see
 ///   [`end`](Self::end)) and closed the channel, and every item already in the channel was
 ///   taken: after the input ended, the token was cancelled, or a stage panicked. After a

@@ -344,3 +344,106 @@ async fn a_step_panic_with_an_input_whose_drop_panics_too_is_reported_not_an_abo
     assert_eq!((panic.name().as_ref(), panic.message()), ("mapper", "step"));
     assert_no_leaked_tasks(baseline).await;
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_cancel_seen_before_a_waiting_step_is_polled_again_wins_over_its_output() {
+    let baseline = alive_tasks();
+    let token = CancellationToken::new();
+    let p = Pipeline::new(token.clone());
+    let gate = Arc::new(Semaphore::new(0));
+    let started = Arc::new(AtomicUsize::new(0));
+    let finished = Arc::new(AtomicUsize::new(0));
+    let mut out = {
+        let (gate, started, finished) = (gate.clone(), started.clone(), finished.clone());
+        p.iter(0..1_u32).spawn_map(&p.named("gated"), move |n| {
+            let (gate, started, finished) = (gate.clone(), started.clone(), finished.clone());
+            async move {
+                started.fetch_add(1, Ordering::SeqCst);
+                let _permit = gate.acquire().await.expect("never closed");
+                finished.fetch_add(1, Ordering::SeqCst);
+                n
+            }
+        })
+    };
+    eventually("the step waits at its gate", || {
+        started.load(Ordering::SeqCst) == 1
+    })
+    .await;
+    // Both in the same instant: the stage's task runs once, after both wake-ups.
+    token.cancel();
+    gate.add_permits(1);
+    assert_eq!((&mut out).collect::<Vec<_>>().await, []);
+    assert_eq!(
+        finished.load(Ordering::SeqCst),
+        0,
+        "the step went on past its gate after the cancel was seen"
+    );
+    assert!(matches!(out.end(), Some(StageEnd::Cancelled)));
+    assert_no_leaked_tasks(baseline).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_step_panic_with_a_step_whose_drop_panics_too_is_reported_not_an_abort() {
+    let baseline = alive_tasks();
+    let p = Pipeline::new(CancellationToken::new()).with_capacity(4);
+    let captured = PanicsWhenDropped;
+    let mut out = p.iter(0..3_u8).spawn_map(&p.named("mapper"), move |n| {
+        let _captured = &captured;
+        async move {
+            assert!(n != 1, "step");
+            n
+        }
+    });
+    assert_eq!((&mut out).collect::<Vec<_>>().await, [0]);
+    let panic = out
+        .end()
+        .and_then(StageEnd::panic)
+        .expect("the step's panic");
+    assert_eq!((panic.name().as_ref(), panic.message()), ("mapper", "step"));
+    assert_no_leaked_tasks(baseline).await;
+}
+
+/// A step's future that is ready at once and, when `bomb` is set, panics when dropped.
+struct ReadyThenPanicsWhenDropped {
+    value: u8,
+    bomb: bool,
+}
+
+impl std::future::Future for ReadyThenPanicsWhenDropped {
+    type Output = u8;
+
+    fn poll(
+        self: std::pin::Pin<&mut Self>,
+        _cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<u8> {
+        std::task::Poll::Ready(self.value)
+    }
+}
+
+impl Drop for ReadyThenPanicsWhenDropped {
+    fn drop(&mut self) {
+        assert!(!self.bomb, "future dropped");
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_output_whose_finished_future_panics_when_dropped_is_still_handed_on() {
+    let baseline = alive_tasks();
+    let p = Pipeline::new(CancellationToken::new()).with_capacity(4);
+    let mut out = p
+        .iter(0..3_u8)
+        .spawn_map(&p.named("mapper"), |n| ReadyThenPanicsWhenDropped {
+            value: n,
+            bomb: n == 1,
+        });
+    assert_eq!((&mut out).collect::<Vec<_>>().await, [0, 1]);
+    let panic = out
+        .end()
+        .and_then(StageEnd::panic)
+        .expect("the drop's panic");
+    assert_eq!(
+        (panic.name().as_ref(), panic.message()),
+        ("mapper", "future dropped")
+    );
+    assert_no_leaked_tasks(baseline).await;
+}
