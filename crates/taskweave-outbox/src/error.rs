@@ -36,6 +36,14 @@ pub enum InvalidEvent {
         /// The limit.
         limit: usize,
     },
+    /// The header names and values together are larger than
+    /// [`Limits::max_header_bytes`](crate::Limits::max_header_bytes).
+    HeadersTooLarge {
+        /// The bytes of the event's header names and values.
+        len: usize,
+        /// The limit.
+        limit: usize,
+    },
     /// A header has an empty name.
     EmptyHeaderName,
     /// A header uses a name the outbox sets itself
@@ -57,6 +65,9 @@ impl fmt::Display for InvalidEvent {
             }
             Self::TooManyHeaders { count, limit } => {
                 write!(f, "{count} headers over the limit of {limit}")
+            }
+            Self::HeadersTooLarge { len, limit } => {
+                write!(f, "headers of {len} bytes over the limit of {limit}")
             }
             Self::EmptyHeaderName => f.write_str("empty header name"),
             Self::ReservedHeader(name) => {

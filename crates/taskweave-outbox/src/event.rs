@@ -165,13 +165,19 @@ impl fmt::Debug for Event {
     }
 }
 
+/// The most header bytes the store's encoding holds (lengths are 32-bit).
+const MAX_ENCODED_HEADER_BYTES: usize = u32::MAX as usize;
+
 /// Size limits checked at `enqueue`, before anything is written.
 ///
 /// The defaults follow Kafka's: a topic name of at most 249 characters from
 /// `[a-zA-Z0-9._-]`, a payload of at most 900 KiB, a key of at most 1 KiB, at most 64
-/// headers. The payload limit leaves room for the key, the headers and the record's framing
-/// under librdkafka's default `message.max.bytes` (1,000,000 bytes): an event that passes
-/// `enqueue` with the default limits is never refused as too large by a default producer.
+/// headers whose names and values come to at most 32 KiB. Together (955,392 bytes) they
+/// leave room for the outbox's own two headers and the record's framing under librdkafka's
+/// default `message.max.bytes` (1,000,000 bytes, which counts the key, the payload and the
+/// headers): an event that passes `enqueue` with the default limits is never refused as too
+/// large by a default producer. Raise them only together with the producer's and the
+/// broker's limits.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Limits {
     /// The largest payload, in bytes.
@@ -180,6 +186,10 @@ pub struct Limits {
     pub max_key_bytes: usize,
     /// The most headers on one event.
     pub max_headers: usize,
+    /// The most bytes of header names and values on one event, all headers together (the
+    /// store encodes header lengths in 32 bits, so a limit above `u32::MAX` counts as
+    /// `u32::MAX`).
+    pub max_header_bytes: usize,
 }
 
 impl Default for Limits {
@@ -188,6 +198,7 @@ impl Default for Limits {
             max_payload_bytes: 900 * 1024,
             max_key_bytes: 1024,
             max_headers: 64,
+            max_header_bytes: 32 * 1024,
         }
     }
 }
@@ -233,13 +244,25 @@ impl Limits {
                 limit: self.max_headers,
             });
         }
-        for (name, _) in &event.headers {
+        let mut header_bytes = 0_usize;
+        for (name, value) in &event.headers {
             if name.is_empty() {
                 return Err(InvalidEvent::EmptyHeaderName);
             }
             if name == EVENT_ID_HEADER || name == SEQUENCE_HEADER {
                 return Err(InvalidEvent::ReservedHeader(name.clone()));
             }
+            header_bytes = header_bytes
+                .saturating_add(name.len())
+                .saturating_add(value.len());
+        }
+        // Every name is at least a byte, so within this bound the count fits in 32 bits too.
+        let limit = self.max_header_bytes.min(MAX_ENCODED_HEADER_BYTES);
+        if header_bytes > limit {
+            return Err(InvalidEvent::HeadersTooLarge {
+                len: header_bytes,
+                limit,
+            });
         }
         Ok(())
     }

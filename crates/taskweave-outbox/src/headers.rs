@@ -40,9 +40,11 @@ pub(crate) fn decode(mut bytes: &[u8]) -> Result<Vec<(String, Vec<u8>)>, StoreEr
     Ok(headers)
 }
 
-/// Lengths are checked against [`crate::Limits`] before encoding, so they fit.
+/// Every event is checked against [`crate::Limits`] before it is encoded, and that check
+/// keeps the header names and values together within `u32::MAX` bytes (and so their count
+/// too, each name being at least one byte): every length fits.
 fn len32(len: usize) -> u32 {
-    u32::try_from(len).expect("header lengths are bounded by Limits")
+    u32::try_from(len).expect("Limits::check keeps header lengths within u32::MAX")
 }
 
 fn take_len(bytes: &mut &[u8]) -> Result<usize, StoreError> {

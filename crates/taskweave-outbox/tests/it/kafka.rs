@@ -5,7 +5,10 @@ use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use rdkafka::mocking::MockCluster;
-use taskweave_outbox::{Event, KafkaPublisher, Relay, RetryPolicy, StopReason, Store};
+use taskweave_outbox::{
+    EnqueueError, Event, InvalidEvent, KafkaPublisher, Limits, Relay, RetryPolicy, StopReason,
+    Store,
+};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -183,6 +186,67 @@ async fn a_message_the_broker_refuses_is_parked_at_once_and_holds_only_its_key()
         (left.pending, left.parked, left.behind_parked),
         (0, 1, 1),
         "{report}"
+    );
+}
+
+/// The largest event the default limits admit (key, payload, header count and header
+/// bytes all at their limits) goes out through a producer with librdkafka's default
+/// `message.max.bytes`; with one header byte more, `enqueue` refuses it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_largest_event_the_default_limits_admit_is_not_refused_by_a_default_producer() {
+    let (_cluster, publisher) = mock_cluster(1, "client.id", "largest-event");
+    let store = fresh_store(1, 6).await;
+    let limits = Limits::default();
+    let largest = |extra: usize| {
+        let per_header = limits.max_header_bytes / limits.max_headers;
+        let mut event = Event::new(
+            "orders",
+            vec![b'k'; limits.max_key_bytes],
+            vec![7; limits.max_payload_bytes],
+        );
+        for i in 0..limits.max_headers {
+            let name = format!("h{i:02}");
+            let extra = if i == 0 { extra } else { 0 };
+            event = event.with_header(name.clone(), vec![1; per_header - name.len() + extra]);
+        }
+        event
+    };
+    let mut tx = store.pool().begin().await.unwrap();
+    match store.enqueue(&mut tx, largest(1)).await {
+        Err(EnqueueError::Invalid { reason, .. }) => assert_eq!(
+            reason,
+            InvalidEvent::HeadersTooLarge {
+                len: limits.max_header_bytes + 1,
+                limit: limits.max_header_bytes,
+            }
+        ),
+        other => panic!("expected the headers refused, got {other:?}"),
+    }
+    store
+        .enqueue(&mut tx, largest(0))
+        .await
+        .expect("at the limits");
+    store.commit(tx).await.expect("commit");
+    let token = CancellationToken::new();
+    let relay = Relay::new(store.clone(), publisher).with_poll_interval(Duration::from_millis(50));
+    let metrics = relay.metrics();
+    let running = tokio::spawn(relay.run(token.clone()));
+    let start = std::time::Instant::now();
+    while metrics.snapshot().dispatched < 1 && metrics.snapshot().parked < 1 {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "{:?}",
+            metrics.snapshot()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    token.cancel();
+    let report = running.await.unwrap();
+    let m = metrics.snapshot();
+    assert_eq!(
+        (m.dispatched, m.permanent_failures, m.parked),
+        (1, 0, 0),
+        "{m:?} {report}"
     );
 }
 

@@ -8,6 +8,7 @@ fn bad_input_is_refused_with_a_typed_error_and_nothing_is_written() {
         max_payload_bytes: 10,
         max_key_bytes: 4,
         max_headers: 1,
+        max_header_bytes: 6,
     });
     let cases = [
         (Event::new("", "k", b"x".to_vec()), InvalidEvent::EmptyTopic),
@@ -33,6 +34,10 @@ fn bad_input_is_refused_with_a_typed_error_and_nothing_is_written() {
         (
             Event::new("t", "k", b"x".to_vec()).with_header("event_id", "forged"),
             InvalidEvent::ReservedHeader("event_id".into()),
+        ),
+        (
+            Event::new("t", "k", b"x".to_vec()).with_header("name", "val"),
+            InvalidEvent::HeadersTooLarge { len: 7, limit: 6 },
         ),
     ];
     for (event, expected) in cases {

@@ -71,6 +71,7 @@ async fn bad_input_is_refused_before_anything_is_written() {
         max_payload_bytes: 100,
         max_key_bytes: 8,
         max_headers: 4,
+        max_header_bytes: 10,
     });
     let mut tx = store.pool().begin().await.unwrap();
     let cases = [
@@ -85,6 +86,12 @@ async fn bad_input_is_refused_before_anything_is_written() {
         (
             Event::new("t", "123456789", b"x".to_vec()),
             InvalidEvent::KeyTooLong { len: 9, limit: 8 },
+        ),
+        (
+            Event::new("t", "k", b"x".to_vec())
+                .with_header("a", "1234")
+                .with_header("b", vec![0; 5]),
+            InvalidEvent::HeadersTooLarge { len: 11, limit: 10 },
         ),
     ];
     for (event, expected) in cases {
