@@ -41,8 +41,9 @@ use crate::retry::RetryPolicy;
 ///   the dead-letter topic ([`with_dead_letter`](Self::with_dead_letter)) with the error in
 ///   [`DEAD_LETTER_ERROR_HEADER`](crate::consume::DEAD_LETTER_ERROR_HEADER), and the
 ///   partition moves on. With no dead-letter topic,
-///   the partition keeps retrying the message at the policy's longest delay: nothing is
-///   skipped silently.
+///   the partition keeps retrying the message at the policy's cap (between half the
+///   [longest delay](crate::RetryPolicy::with_max_delay) and all of it, with jitter),
+///   from its first failure for good on: nothing is skipped silently.
 /// - **Rebalances**: when partitions are revoked, their workers take no further message, the
 ///   handlers in flight get [`with_revoke_timeout`](Self::with_revoke_timeout) to finish,
 ///   and what finished is committed before the partitions go. A handler that overruns is

@@ -10,7 +10,7 @@ use sqlx::{AssertSqlSafe, PgConnection, PgPool};
 
 use super::message::{HandleError, Handler, Received};
 use crate::error::StoreError;
-use crate::store::Schema;
+use crate::store::{Guarded, Schema};
 
 /// What the inbox does with a *stale* event: one whose [`sequence`](Received::sequence) is
 /// not above the last one applied for its key (an older state arriving after a newer one).
@@ -153,8 +153,10 @@ impl Inbox {
     /// # Cancel safety
     ///
     /// Cancel safe: the statements run in one transaction, so a dropped call leaves the
-    /// tables created whole or not at all (sqlx rolls back a transaction dropped before its
-    /// commit); the migration is idempotent, so run it again.
+    /// tables created whole or not at all (a connection dropped inside its transaction,
+    /// even while `BEGIN` or `COMMIT` is in flight, is closed rather than returned to the
+    /// pool, and the server rolls the transaction back); the migration is idempotent, so
+    /// run it again.
     pub async fn migrate(pool: &PgPool, schema: &Schema) -> Result<(), StoreError> {
         let (table, keys) = (schema.inbox_table(), schema.inbox_keys_table());
         let statements = [
@@ -182,18 +184,21 @@ impl Inbox {
                     PRIMARY KEY (consumer, topic, key))"
             ),
         ];
-        let mut tx = pool.begin().await?;
+        // Not `Pool::begin`: dropped while `BEGIN` is in flight, its future returns the
+        // connection to the pool inside a transaction (sqlx issue 4393; see `Guarded`).
+        let mut conn = Guarded::new(pool.acquire().await?);
+        sqlx::raw_sql("BEGIN").execute(conn.open()).await?;
         // Two services migrating at once must not race on CREATE ... IF NOT EXISTS.
         sqlx::query("SELECT pg_advisory_xact_lock(hashtext($1))")
             .bind(&table)
-            .execute(&mut *tx)
+            .execute(conn.get())
             .await?;
         for statement in statements {
             sqlx::query(AssertSqlSafe(statement))
-                .execute(&mut *tx)
+                .execute(conn.get())
                 .await?;
         }
-        tx.commit().await?;
+        conn.commit().await?;
         Ok(())
     }
 
@@ -305,18 +310,22 @@ impl Inbox {
                 "no event_id header: the inbox cannot tell this message from a redelivery",
             ));
         };
-        let mut tx = self.pool.begin().await?;
+        // Not `Pool::begin` (sqlx issue 4393, see `Guarded`): a handler future dropped
+        // anywhere in here (a deadline, an abort) never returns its connection to the pool
+        // inside a transaction.
+        let mut conn = Guarded::new(self.pool.acquire().await?);
+        sqlx::raw_sql("BEGIN").execute(conn.open()).await?;
         let recorded = sqlx::query(sql(&self.sql.record))
             .bind(&self.consumer)
             .bind(event_id)
             .bind(message.topic())
             .bind(message.partition())
             .bind(message.offset())
-            .execute(&mut *tx)
+            .execute(conn.get())
             .await?
             .rows_affected();
         if recorded == 0 {
-            tx.rollback().await?;
+            conn.rollback().await?;
             self.counts.duplicates.fetch_add(1, Ordering::Relaxed);
             return Ok(());
         }
@@ -326,35 +335,35 @@ impl Inbox {
                 .bind(message.topic())
                 .bind(key)
                 .bind(sequence)
-                .execute(&mut *tx)
+                .execute(conn.get())
                 .await?
                 .rows_affected();
             if newer == 0 && self.stale == StalePolicy::Skip {
-                tx.commit().await?;
+                conn.commit().await?;
                 self.counts.stale.fetch_add(1, Ordering::Relaxed);
                 return Ok(());
             }
         }
-        match apply(&mut tx, &message).await {
+        match apply(conn.get(), &message).await {
             Ok(()) => {
                 // A handler that swallowed a database error leaves the transaction aborted,
                 // and PostgreSQL answers the COMMIT of an aborted transaction with a
                 // rollback, not an error: the event would count as applied with nothing
                 // written. A statement fails in an aborted transaction, so probe first.
-                if let Err(error) = sqlx::query("SELECT 1").execute(&mut *tx).await {
-                    let _ = tx.rollback().await;
+                if let Err(error) = sqlx::query("SELECT 1").execute(conn.get()).await {
+                    let _ = conn.rollback().await;
                     return Err(HandleError::retriable(format!(
                         "the handler's transaction was aborted by an error it did not return: {error}"
                     )));
                 }
-                tx.commit().await?;
+                conn.commit().await?;
                 self.counts.applied.fetch_add(1, Ordering::Relaxed);
                 Ok(())
             }
             Err(error) => {
                 // The handler's error is the one that counts; a failed rollback closes the
                 // connection, which rolls back too.
-                let _ = tx.rollback().await;
+                let _ = conn.rollback().await;
                 Err(error)
             }
         }

@@ -327,7 +327,12 @@ async fn handle<H: Handler>(
                 offset, attempt = failed, %error, "handler failed; retrying"
             );
         }
-        if !pause(partition, workers.retry.delay(offset, failed)).await {
+        if !pause(
+            partition,
+            retry_delay(&workers.retry, offset, failed, exhausted),
+        )
+        .await
+        {
             abandon(workers, partition, offset, AbandonReason::Stopped, failed);
             return false;
         }
@@ -375,6 +380,13 @@ async fn dead_letter_it<H: Handler>(
 }
 
 /// Sleeps `delay` unless the partition stops first (`false`).
+/// The wait before the next attempt of the message at `offset` after `failed` failed
+/// attempts: the policy's backoff, or its cap (with its jitter) once the message has failed
+/// for good and stays because no dead-letter topic is set.
+fn retry_delay(policy: &RetryPolicy, offset: i64, failed: u32, for_good: bool) -> Duration {
+    policy.delay(offset, if for_good { u32::MAX } else { failed })
+}
+
 async fn pause(partition: &Partition, delay: Duration) -> bool {
     tokio::select! {
         biased;
@@ -401,4 +413,26 @@ fn abandon<H>(
         reason,
         failed_attempts: failed,
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_message_failed_for_good_without_a_dead_letter_topic_waits_at_the_cap() {
+        let policy = RetryPolicy::new()
+            .with_initial_delay(Duration::from_millis(200))
+            .with_max_delay(Duration::from_secs(10));
+        for offset in 0..50 {
+            // A permanent error at the first attempt: the cap, not the first backoff.
+            let delay = retry_delay(&policy, offset, 1, true);
+            assert!(
+                delay >= Duration::from_secs(5) && delay <= Duration::from_secs(10),
+                "{delay:?}"
+            );
+            // Still retrying: the backoff after one failure.
+            assert!(retry_delay(&policy, offset, 1, false) <= Duration::from_millis(200));
+        }
+    }
 }

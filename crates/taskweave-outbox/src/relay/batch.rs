@@ -96,7 +96,6 @@ impl<S: Store, P: Publisher> Relay<S, P> {
                 Ok(None) => break,
                 Err(_) => {
                     tracing::warn!(relay = %self.name, unacknowledged = deliveries.len(), "outbox batch ran out of publish time awaiting acknowledgements");
-                    summary.timed_out = deliveries.len();
                     break;
                 }
             }
@@ -130,6 +129,8 @@ impl<S: Store, P: Publisher> Relay<S, P> {
                     continue;
                 }
                 Outcome::Sent => {
+                    // Still unacknowledged: counted only as its key's first failure.
+                    summary.timed_out += 1;
                     PublishError::retriable("no acknowledgement within the batch's publish time")
                 }
                 Outcome::Failed(error) => error,

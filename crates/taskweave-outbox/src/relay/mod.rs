@@ -213,8 +213,16 @@ impl<S: Store, P: Publisher> Relay<S, P> {
     /// never), on a task of its own, so a slow count never delays a batch. The count reads
     /// every pending row's index entry (about a second per million pending events on a
     /// 2-core machine): with many relays and deep backlogs, read it from one of them.
+    ///
+    /// # Panics
+    ///
+    /// Panics if `interval` is `Some` zero (the count would run back to back).
     #[must_use]
     pub fn with_stats_interval(mut self, interval: Option<Duration>) -> Self {
+        assert!(
+            interval.is_none_or(|every| !every.is_zero()),
+            "Relay::with_stats_interval: the interval must be greater than zero (None: never)"
+        );
         self.stats_interval = interval;
         self
     }

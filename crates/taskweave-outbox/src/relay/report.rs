@@ -22,7 +22,8 @@ pub struct BatchSummary {
     pub parked: usize,
     /// Of `failed`: events that back off and are tried again later.
     pub backing_off: usize,
-    /// Of `failed`: acknowledgements still missing when the publish time ran out.
+    /// Of `failed`: events whose acknowledgement was still missing when the publish time
+    /// ran out (one per key, as `failed`: a key's later unacknowledged events wait).
     pub timed_out: usize,
     /// Events not sent because an earlier event of their key had failed, or the time ran out.
     pub held_back: usize,
@@ -99,7 +100,7 @@ pub struct RelayReport {
     /// The last batch.
     pub last_batch: Option<BatchSummary>,
     /// What was left in the store when it stopped (`None` if the store did not answer
-    /// within 2 s).
+    /// within 2 s or, for a drain, before its deadline).
     pub left: Option<OutboxStats>,
     /// Why it stopped.
     pub stopped: StopReason,

@@ -32,10 +32,13 @@ const READ_STATS_TIMEOUT: Duration = Duration::from_secs(10);
 
 impl<S: Store, P: Publisher> Relay<S, P> {
     /// Relays until `token` is cancelled; the batch in flight then finishes, and no new one
-    /// starts.
+    /// starts. Then it counts what it left ([`RelayReport::left`]) for up to two seconds.
     ///
-    /// Store and publish failures never end the relay: they are counted, logged at warn,
-    /// and retried after the poll interval.
+    /// Store failures and retriable or permanent publish failures never end the relay: they
+    /// are counted, logged at warn, and retried after the poll interval (a permanent one
+    /// parks its event). A publisher that reports itself failed for good (a fatal error,
+    /// such as a Kafka producer fenced by a newer one) ends it with
+    /// [`StopReason::PublisherFailed`], so that it can be restarted with a new publisher.
     ///
     /// # Cancel safety
     ///
@@ -48,8 +51,11 @@ impl<S: Store, P: Publisher> Relay<S, P> {
 
     /// Relays until nothing is left to claim, `token` is cancelled, or `deadline` is too
     /// close for another batch: a batch starts only if its whole budget fits before
-    /// `deadline`. For a shutdown phase that publishes what this instance wrote before it
-    /// exits: `relay.drain(ctx.token().clone(), ctx.deadline())`.
+    /// `deadline`, and every wait on the store between batches is bounded, so it returns by
+    /// `deadline` (give or take the scheduler) whatever the store does. It counts what it
+    /// left only in the time left before `deadline` (at most two seconds); otherwise
+    /// [`RelayReport::left`] is `None`. For a shutdown phase that publishes what this
+    /// instance wrote before it exits: `relay.drain(ctx.token().clone(), ctx.deadline())`.
     ///
     /// # Cancel safety
     ///
@@ -77,7 +83,15 @@ impl<S: Store, P: Publisher> Relay<S, P> {
             let token = wake_ups_token.clone();
             taskweave_supervise::spawn(format!("{}: stats", self.name), async move {
                 loop {
-                    read_stats(&*store, &counters, &name).await;
+                    // Raced against the stop, so that a slow count never holds the relay's
+                    // end (it waits for this task).
+                    if token
+                        .run_until_cancelled(read_stats(&*store, &counters, &name))
+                        .await
+                        .is_none()
+                    {
+                        return;
+                    }
                     if token
                         .run_until_cancelled(tokio::time::sleep(every))
                         .await
@@ -148,10 +162,19 @@ impl<S: Store, P: Publisher> Relay<S, P> {
                         let within = deadline
                             .saturating_duration_since(Instant::now())
                             .saturating_sub(self.batch_budget);
-                        match self.store.has_pending(within).await {
-                            Ok(false) => break StopReason::Drained,
-                            Ok(true) => {}
-                            Err(error) => self.store_failed(&mut report, &error),
+                        let check = self.store.has_pending(within);
+                        let (allowed, cut) =
+                            until(self.batch_budget.mul_f64(CLAIM_SHARE), drain_until);
+                        match tokio::time::timeout(allowed, check).await {
+                            Ok(Ok(false)) => break StopReason::Drained,
+                            Ok(Ok(true)) => {}
+                            Ok(Err(error)) => self.store_failed(&mut report, &error),
+                            // The deadline came first: the loop ends at its top.
+                            Err(_) if cut => {}
+                            Err(_) => self.store_failed(
+                                &mut report,
+                                &StoreError::TimedOut("checking for pending events".to_owned()),
+                            ),
                         }
                     }
                     // Wait when there was nothing to do, or nothing could be done (a broker
@@ -185,14 +208,14 @@ impl<S: Store, P: Publisher> Relay<S, P> {
             };
             if recovered > 0 || released_last > 0 || Instant::now() >= release_due {
                 release_due = Instant::now() + RELEASE_EVERY;
-                released_last = self.release_held_back(&mut report).await;
+                released_last = self.release_held_back(&mut report, drain_until).await;
             }
             match wait {
                 Some(wait) => {
                     // A nudge means new work that may be claimable, so it ends the wait
                     // after a failure too (failed events themselves wait for their
                     // backoff, which the store keeps).
-                    let sleep = tokio::time::sleep(wait);
+                    let sleep = tokio::time::sleep(until(wait, drain_until).0);
                     tokio::select! {
                         biased;
                         () = token.cancelled() => {}
@@ -214,7 +237,9 @@ impl<S: Store, P: Publisher> Relay<S, P> {
         if let Some(reader) = stats_reader {
             drop(reader.await);
         }
-        report.left = match tokio::time::timeout(REPORT_STATS_TIMEOUT, self.store.stats()).await {
+        // A drain counts what it left only within its deadline.
+        let count_for = until(REPORT_STATS_TIMEOUT, drain_until).0;
+        report.left = match tokio::time::timeout(count_for, self.store.stats()).await {
             Ok(Ok(stats)) => Some(stats),
             Ok(Err(error)) => {
                 tracing::debug!(relay = %self.name, %error, "outbox relay could not count what it left");
@@ -229,9 +254,10 @@ impl<S: Store, P: Publisher> Relay<S, P> {
 
     /// Gives the store's waiting events whose key recovered back to the claim; returns how
     /// many (0 after a failure, which is logged and counted).
-    async fn release_held_back(&self, report: &mut RelayReport) -> u64 {
+    async fn release_held_back(&self, report: &mut RelayReport, deadline: Option<Instant>) -> u64 {
         let step = self.store.release_held_back(crate::store::RELEASE_STEP);
-        match tokio::time::timeout(self.batch_budget.mul_f64(CLAIM_SHARE), step).await {
+        let (allowed, cut) = until(self.batch_budget.mul_f64(CLAIM_SHARE), deadline);
+        match tokio::time::timeout(allowed, step).await {
             Ok(Ok(released)) => {
                 if released > 0 {
                     tracing::debug!(relay = %self.name, released, "outbox events waiting behind a recovered key released");
@@ -242,6 +268,8 @@ impl<S: Store, P: Publisher> Relay<S, P> {
                 self.store_failed(report, &error);
                 0
             }
+            // The drain's deadline came first: nothing failed.
+            Err(_) if cut => 0,
             Err(_) => {
                 self.store_failed(
                     report,
@@ -256,6 +284,17 @@ impl<S: Store, P: Publisher> Relay<S, P> {
         self.counters.store_error();
         report.store_errors += 1;
         tracing::warn!(relay = %self.name, %error, source = ?std::error::Error::source(error), "outbox store failed; retrying after the poll interval");
+    }
+}
+
+/// `own`, cut short to the time left before `deadline` (a drain's), and whether it was cut.
+fn until(own: Duration, deadline: Option<Instant>) -> (Duration, bool) {
+    match deadline {
+        Some(deadline) => {
+            let left = deadline.saturating_duration_since(Instant::now());
+            (own.min(left), left < own)
+        }
+        None => (own, false),
     }
 }
 

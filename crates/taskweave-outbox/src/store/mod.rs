@@ -20,6 +20,9 @@ pub use memory::{MemoryBatch, MemoryStore, MemoryTransaction};
 #[cfg(feature = "postgres")]
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub use postgres::{PgBatch, PgStore, Schema, migrate, migrate_up_to};
+// The inbox (the consuming end, with `kafka`) runs its transactions through it too.
+#[cfg(all(feature = "postgres", feature = "kafka"))]
+pub(crate) use postgres::Guarded;
 
 /// What a relay may claim in one batch.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -139,6 +142,13 @@ pub trait Store: Send + Sync + 'static {
     /// # Errors
     ///
     /// The store's failure; nothing is held then.
+    ///
+    /// # Cancel safety
+    ///
+    /// Required: the relay drops this future when it outlasts its share of the batch
+    /// budget. Dropped at any point, it must hold nothing (no bucket claimed, no connection
+    /// left inside a transaction). The PostgreSQL store closes a connection dropped inside
+    /// its transaction, so the server rolls it back and frees the buckets.
     fn claim(
         &self,
         limits: ClaimLimits,
@@ -153,6 +163,11 @@ pub trait Store: Send + Sync + 'static {
     /// # Errors
     ///
     /// The store's failure.
+    ///
+    /// # Cancel safety
+    ///
+    /// Required: the relay drops this future when it outlasts its bound (a share of the
+    /// batch budget, a drain's deadline). A read; dropped, it changes nothing.
     fn has_pending(
         &self,
         within: Duration,
@@ -164,6 +179,11 @@ pub trait Store: Send + Sync + 'static {
     /// # Errors
     ///
     /// The store's failure.
+    ///
+    /// # Cancel safety
+    ///
+    /// Required: the relay drops this future when it outlasts its bound and when it stops.
+    /// A read; dropped, it changes nothing.
     fn stats(&self) -> impl Future<Output = Result<OutboxStats, StoreError>> + Send;
 
     /// Up to `limit` parked events, oldest first.
@@ -171,6 +191,10 @@ pub trait Store: Send + Sync + 'static {
     /// # Errors
     ///
     /// The store's failure.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: a read.
     fn parked(
         &self,
         limit: u32,
@@ -182,6 +206,12 @@ pub trait Store: Send + Sync + 'static {
     /// # Errors
     ///
     /// The store's failure.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropped, the event is un-parked whole or not at all (one statement for the
+    /// PostgreSQL store; the release of its key's waiting events that follows is redone by
+    /// the relay's next [`release_held_back`](Self::release_held_back)).
     fn retry_parked(&self, id: i64) -> impl Future<Output = Result<bool, StoreError>> + Send;
 
     /// Un-parks every parked event of `key` (of any topic); returns how many.
@@ -189,6 +219,10 @@ pub trait Store: Send + Sync + 'static {
     /// # Errors
     ///
     /// The store's failure.
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`retry_parked`](Self::retry_parked).
     fn retry_parked_key(&self, key: &[u8]) -> impl Future<Output = Result<u64, StoreError>> + Send;
 
     /// Deletes parked event `id` for good: it is never published, and its key's later
@@ -198,6 +232,10 @@ pub trait Store: Send + Sync + 'static {
     /// # Errors
     ///
     /// The store's failure.
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`retry_parked`](Self::retry_parked).
     fn purge_parked(&self, id: i64) -> impl Future<Output = Result<bool, StoreError>> + Send;
 
     /// Keeps the events behind held keys out of the claim's way: takes out those written
@@ -216,6 +254,12 @@ pub trait Store: Send + Sync + 'static {
     /// # Errors
     ///
     /// The store's failure.
+    ///
+    /// # Cancel safety
+    ///
+    /// Required: the relay drops this future when it outlasts its bound. Each step is
+    /// whole or not at all (the PostgreSQL store runs each in a transaction of its own and
+    /// closes a connection dropped inside one); the relay calls it again.
     fn release_held_back(
         &self,
         limit: u32,
@@ -233,6 +277,11 @@ pub trait Store: Send + Sync + 'static {
     /// # Errors
     ///
     /// The store's failure.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropped, the deletion happens whole or not at all (one statement for the PostgreSQL
+    /// store).
     fn delete_dispatched(
         &self,
         older_than: Duration,

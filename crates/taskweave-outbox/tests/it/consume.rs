@@ -739,6 +739,91 @@ async fn the_inbox_refuses_a_commit_after_a_swallowed_database_error() {
     assert_eq!(inbox.stats().applied, 0);
 }
 
+/// Polls `future` up to `polls` times, a millisecond apart (it may finish sooner), then drops
+/// it.
+async fn cut_off<F: std::future::Future>(mut future: std::pin::Pin<&mut F>, polls: usize) {
+    for poll in 0..polls {
+        if futures::poll!(future.as_mut()).is_ready() {
+            return;
+        }
+        if poll + 1 < polls {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
+}
+
+/// One connection in the pool: an inbox future (its migration, its handler) dropped at
+/// any await point, `BEGIN` and `COMMIT` in flight included, must not hand it back inside a
+/// transaction (sqlx issue 4393 with `Pool::begin`), or every later use would run in that
+/// transaction and never commit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_inbox_future_dropped_halfway_never_returns_its_connection_inside_a_transaction() {
+    let name = unique_name("inboxdrop");
+    // No ping before a connection is handed out, so that the first poll of a call takes
+    // the idle connection and sends `BEGIN`: dropped then, the call is cut off while
+    // `BEGIN` is in flight, the case `Pool::begin` gets wrong.
+    let db = crate::support::pool_with(
+        1,
+        &name,
+        sqlx::postgres::PgPoolOptions::new().test_before_acquire(false),
+    )
+    .await;
+    let observer = pool(1).await;
+    let schema = Schema::new(&name);
+    Inbox::migrate(&db, &schema).await.expect("migrate");
+    let inbox = Inbox::new(db.clone(), &schema, "dropped");
+    let handler = inbox.clone().handler(|tx, _m| {
+        Box::pin(async move {
+            sqlx::query("SELECT 1").execute(&mut *tx).await?;
+            Ok(())
+        })
+    });
+    let message = |id: usize| {
+        Received::new(
+            "t",
+            0,
+            i64::try_from(id).unwrap(),
+            Some(b"k".to_vec()),
+            Some(b"x".to_vec()),
+            vec![(
+                EVENT_ID_HEADER.to_owned(),
+                format!("dropped-{id}").into_bytes(),
+            )],
+        )
+    };
+    use taskweave_outbox::consume::Handler as _;
+    // Cut off after one poll (`BEGIN` in flight), then after more polls with a wait between
+    // them, which land on the later statements.
+    for (id, polls) in [1_usize, 1, 2, 3, 4, 6, 8].into_iter().enumerate() {
+        let cut = format!("{polls} polls");
+        cut_off(std::pin::pin!(Inbox::migrate(&db, &schema)), polls).await;
+        cut_off(std::pin::pin!(handler.handle(message(id))), polls).await;
+        // A connection dropped inside its transaction is closed; the server ends its session
+        // when it notices, a moment later. One handed back to the pool stays for good.
+        let start = std::time::Instant::now();
+        loop {
+            let in_transaction: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 AND state LIKE 'idle in transaction%'",
+            )
+            .bind(&name)
+            .fetch_one(&observer)
+            .await
+            .unwrap();
+            if in_transaction == 0 {
+                break;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(5),
+                "a pooled connection was left inside a transaction (cut after {cut})"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    // The pool's connection (or its replacement) still commits.
+    handler.handle(message(100)).await.expect("handled");
+    assert!(inbox.contains("dropped-100").await.unwrap());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_consumer_stops_as_a_shutdown_phase_and_commits() {
     let topic = create_topic(2).await;

@@ -6,7 +6,10 @@ use std::time::Duration;
 
 use futures::FutureExt;
 use taskweave_outbox::hooks::Point;
-use taskweave_outbox::{Event, MemoryPublisher, MemoryStore, Relay, StopReason};
+use taskweave_outbox::{
+    ClaimLimits, Event, MemoryBatch, MemoryPublisher, MemoryStore, Nudge, OutboxStats, ParkedEvent,
+    Relay, StopReason, Store, StoreError,
+};
 use taskweave_shutdown::Shutdown;
 use tokio_util::sync::CancellationToken;
 
@@ -76,4 +79,86 @@ async fn no_batch_starts_once_the_resources_are_closing() {
         .await;
     assert_eq!(relay_report.stopped, StopReason::ShutdownClosing);
     assert_eq!(store.pending(), 1);
+}
+
+/// The in-memory store, but every count (`stats`, `has_pending`) takes a minute.
+struct SlowCounts(MemoryStore);
+
+const SLOW_COUNT: Duration = Duration::from_secs(60);
+
+impl Store for SlowCounts {
+    type Batch = MemoryBatch;
+
+    async fn claim(&self, limits: ClaimLimits) -> Result<MemoryBatch, StoreError> {
+        self.0.claim(limits).await
+    }
+
+    async fn has_pending(&self, within: Duration) -> Result<bool, StoreError> {
+        tokio::time::sleep(SLOW_COUNT).await;
+        self.0.has_pending(within).await
+    }
+
+    async fn stats(&self) -> Result<OutboxStats, StoreError> {
+        tokio::time::sleep(SLOW_COUNT).await;
+        self.0.stats().await
+    }
+
+    async fn parked(&self, limit: u32) -> Result<Vec<ParkedEvent>, StoreError> {
+        self.0.parked(limit).await
+    }
+
+    async fn retry_parked(&self, id: i64) -> Result<bool, StoreError> {
+        self.0.retry_parked(id).await
+    }
+
+    async fn retry_parked_key(&self, key: &[u8]) -> Result<u64, StoreError> {
+        self.0.retry_parked_key(key).await
+    }
+
+    async fn purge_parked(&self, id: i64) -> Result<bool, StoreError> {
+        self.0.purge_parked(id).await
+    }
+
+    async fn delete_dispatched(&self, older_than: Duration, limit: u32) -> Result<u64, StoreError> {
+        self.0.delete_dispatched(older_than, limit).await
+    }
+
+    fn nudge(&self) -> &Nudge {
+        self.0.nudge()
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_drain_returns_by_its_deadline_however_slowly_the_store_counts() {
+    let store = SlowCounts(MemoryStore::new(8));
+    store
+        .0
+        .enqueue(Event::new("orders", "k", b"x".to_vec()))
+        .unwrap();
+    let publisher = MemoryPublisher::new();
+    let relay = Relay::new(store, publisher.clone())
+        .with_batch_budget(Duration::from_secs(2))
+        .with_stats_interval(Some(Duration::from_secs(1)));
+    let start = tokio::time::Instant::now();
+    let deadline = start + Duration::from_secs(5);
+    let report = relay.drain(CancellationToken::new(), deadline).await;
+    let now = tokio::time::Instant::now();
+    assert!(
+        now <= deadline,
+        "returned {:?} after its deadline: {report}",
+        now - deadline
+    );
+    assert_eq!(publisher.published().len(), 1, "the event went out first");
+    assert!(
+        matches!(report.stopped, StopReason::DeadlineTooClose { .. }),
+        "{report}"
+    );
+    assert!(report.left.is_none(), "no count fits before the deadline");
+}
+
+#[test]
+#[should_panic(expected = "the interval must be greater than zero")]
+fn a_zero_stats_interval_is_refused() {
+    let _ = Relay::new(MemoryStore::new(1), MemoryPublisher::new())
+        .with_stats_interval(Some(Duration::ZERO));
 }

@@ -892,6 +892,7 @@ pub(crate) async fn a_slow_acknowledgement_is_cut_off_and_the_delivered_rest_com
         event("a", "a1"),
         event("slow", "s1"),
         event("c", "c1"),
+        event("slow", "s2"),
     ])
     .await;
     let publisher = MemoryPublisher::new();
@@ -910,20 +911,23 @@ pub(crate) async fn a_slow_acknowledgement_is_cut_off_and_the_delivered_rest_com
         "{report}"
     );
     let last = report.last_batch.clone().expect("a batch");
+    // The slow key's two events both missed their acknowledgement: one failed attempt (its
+    // first), the second waits behind it.
     assert_eq!(
         (
             last.claimed,
             last.dispatched,
+            last.failed,
             last.timed_out,
             last.backing_off
         ),
-        (3, 2, 1, 1),
+        (4, 2, 1, 1, 1),
         "{last:?}"
     );
     assert!(last.took < budget, "{last:?}");
-    assert_eq!(h.pending().await, 1);
+    assert_eq!(h.pending().await, 2);
     let stats = h.store().stats().await.expect("stats");
-    assert_eq!((stats.pending, stats.backing_off), (1, 1), "{stats:?}");
+    assert_eq!((stats.pending, stats.backing_off), (2, 1), "{stats:?}");
 }
 
 /// A drain stops as drained when the only events left back off past its deadline: it

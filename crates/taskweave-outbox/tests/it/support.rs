@@ -79,12 +79,22 @@ pub(crate) async fn pool(max_connections: u32) -> PgPool {
 /// A pool whose sessions carry `application_name`, so a test can find them in
 /// `pg_stat_activity`.
 pub(crate) async fn pool_named(max_connections: u32, application_name: &str) -> PgPool {
+    pool_with(max_connections, application_name, PgPoolOptions::new()).await
+}
+
+/// [`pool_named`] with `options` (the connection limit and acquire timeout are set here).
+pub(crate) async fn pool_with(
+    max_connections: u32,
+    application_name: &str,
+    options: PgPoolOptions,
+) -> PgPool {
+    let pool_options = options;
     let url = database_url();
     let options = url
         .parse::<PgConnectOptions>()
         .unwrap_or_else(|error| panic!("DATABASE_URL {url:?}: {error}"))
         .application_name(application_name);
-    PgPoolOptions::new()
+    pool_options
         .max_connections(max_connections)
         .acquire_timeout(Duration::from_secs(30))
         .connect_with(options)

@@ -43,13 +43,13 @@ pub(super) async fn bounded<'q>(
 /// connection from the pool and drop it: the socket closes and the server rolls back. This
 /// relies only on documented behaviour: `PoolConnection::detach`, and PostgreSQL aborting
 /// the transaction of a session that disconnects.
-pub(super) struct Guarded {
+pub(crate) struct Guarded {
     conn: Option<PoolConnection<Postgres>>,
     in_transaction: bool,
 }
 
 impl Guarded {
-    pub(super) fn new(conn: PoolConnection<Postgres>) -> Self {
+    pub(crate) fn new(conn: PoolConnection<Postgres>) -> Self {
         Self {
             conn: Some(conn),
             in_transaction: false,
@@ -58,28 +58,28 @@ impl Guarded {
 
     /// The connection, marked as possibly inside a transaction from now on (call it for the
     /// statement that opens one).
-    pub(super) fn open(&mut self) -> &mut PgConnection {
+    pub(crate) fn open(&mut self) -> &mut PgConnection {
         self.in_transaction = true;
         self.get()
     }
 
-    pub(super) fn get(&mut self) -> &mut PgConnection {
+    pub(crate) fn get(&mut self) -> &mut PgConnection {
         self.conn
             .as_mut()
             .expect("the connection is held until the guard drops")
     }
 
-    pub(super) fn in_transaction(&self) -> bool {
+    pub(crate) fn in_transaction(&self) -> bool {
         self.in_transaction
     }
 
-    pub(super) async fn commit(&mut self) -> Result<(), sqlx::Error> {
+    pub(crate) async fn commit(&mut self) -> Result<(), sqlx::Error> {
         sqlx::raw_sql("COMMIT").execute(self.get()).await?;
         self.in_transaction = false;
         Ok(())
     }
 
-    pub(super) async fn rollback(&mut self) -> Result<(), sqlx::Error> {
+    pub(crate) async fn rollback(&mut self) -> Result<(), sqlx::Error> {
         sqlx::raw_sql("ROLLBACK").execute(self.get()).await?;
         self.in_transaction = false;
         Ok(())

@@ -24,6 +24,8 @@ mod schema;
 mod store_impl;
 
 pub use batch::PgBatch;
+#[cfg(feature = "kafka")]
+pub(crate) use connection::Guarded;
 pub use migration::{migrate, migrate_up_to};
 pub use schema::Schema;
 
