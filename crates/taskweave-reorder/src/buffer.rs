@@ -319,7 +319,8 @@ impl<T> ReorderBuffer<T> {
     /// first buffered value or until `index` fits the window, whichever comes first. Returns
     /// the skipped indices, or `None` when nothing had to be skipped.
     pub(crate) fn skip_until_fits(&mut self, index: u64) -> Option<MissingIndices> {
-        if self.exhausted || self.fits(index) {
+        // An index the window has passed needs no skip (its send fails as a duplicate).
+        if self.exhausted || index < self.next || self.fits(index) {
             return None;
         }
         self.settle_front();

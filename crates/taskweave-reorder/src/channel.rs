@@ -27,7 +27,10 @@ use crate::{MissingIndices, PushError, ReorderBuffer};
 /// at the first value that arrived) and goes on, and the held-back senders go through. So
 /// the channel cannot deadlock: it waits only while some sender that is not held back
 /// could still send the missing index. A skipped index sent later is refused with
-/// [`SendError::Duplicate`].
+/// [`SendError::Duplicate`]. That count is of sender handles, which is why
+/// [`send`](ReorderSender::send) takes `&mut self`: a handle has at most one send in flight,
+/// so a handle whose send is held back can send nothing else (clone the sender for each
+/// producer that sends concurrently).
 ///
 /// # Examples
 ///
@@ -39,7 +42,7 @@ use crate::{MissingIndices, PushError, ReorderBuffer};
 /// # async fn main() {
 /// let (tx, rx) = reorder_channel(2);
 /// for index in [2_u64, 0, 1] {
-///     let tx = tx.clone();
+///     let mut tx = tx.clone();
 ///     // Index 2 waits until index 0 is taken out: the window holds 2 entries.
 ///     tokio::spawn(async move { tx.send(index, index * 10).await.unwrap() });
 /// }
@@ -208,6 +211,10 @@ pub struct ReorderSender<T> {
 impl<T> ReorderSender<T> {
     /// Sends `value` at `index`, waiting while `index` is beyond the window.
     ///
+    /// Takes `&mut self`: one send in flight per handle, so that the receiver can tell when
+    /// every handle left is held back (see [`reorder_channel`]). Clone the sender for each
+    /// producer that sends concurrently.
+    ///
     /// # Errors
     ///
     /// [`SendError::Duplicate`] when `index` was sent before; [`SendError::Closed`] when the
@@ -217,7 +224,7 @@ impl<T> ReorderSender<T> {
     ///
     /// Not cancel safe for the value: dropping the future while it waits drops `value`, and
     /// its index then stays missing.
-    pub async fn send(&self, index: u64, value: T) -> Result<(), SendError<T>> {
+    pub async fn send(&mut self, index: u64, value: T) -> Result<(), SendError<T>> {
         let mut value = value;
         let mut hold = Hold {
             shared: &self.shared,
@@ -354,8 +361,15 @@ impl<T> Stream for ReorderReceiver<T> {
                 return Poll::Pending;
             }
             // Every sender left waits beyond the window: the indices in front can no longer
-            // come. Step over them until the lowest held-back index fits, and say so.
-            let lowest = state.held_back.keys().next().copied();
+            // come. Step over them until the lowest held-back index fits, and say so. A send
+            // held back at an index the window has passed since (another handle sent that
+            // index) fails as a duplicate when it retries: it does not count.
+            let next = state.buffer.next_index();
+            let lowest = state
+                .held_back
+                .range(next..)
+                .next()
+                .map(|(&index, _)| index);
             let skipped = lowest.and_then(|lowest| state.buffer.skip_until_fits(lowest));
             drop(state);
             let Some(missing) = skipped else {

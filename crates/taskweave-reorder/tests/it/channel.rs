@@ -9,9 +9,10 @@ use tokio_test::{assert_pending, assert_ready, task};
 
 #[tokio::test]
 async fn a_send_beyond_the_window_waits_until_the_window_moves_on() {
-    let (tx, mut rx) = reorder_channel::<char>(2);
+    let (mut tx, mut rx) = reorder_channel::<char>(2);
+    let mut other = tx.clone();
     tx.send(1, 'b').await.unwrap();
-    let mut far = task::spawn(tx.send(2, 'c'));
+    let mut far = task::spawn(other.send(2, 'c'));
     assert_pending!(far.poll(), "2 is beyond 0 + 2: held back");
     tx.send(0, 'a').await.unwrap();
     assert_pending!(far.poll());
@@ -21,13 +22,14 @@ async fn a_send_beyond_the_window_waits_until_the_window_moves_on() {
     assert_eq!(rx.waiting(), 2);
     drop(far);
     drop(tx);
+    drop(other);
     let rest: Vec<char> = rx.map(Result::unwrap).collect().await;
     assert_eq!(rest, ['b', 'c']);
 }
 
 #[tokio::test]
 async fn duplicates_and_a_dropped_receiver_hand_the_value_back() {
-    let (tx, rx) = reorder_channel::<&str>(4);
+    let (mut tx, rx) = reorder_channel::<&str>(4);
     tx.send(0, "first").await.unwrap();
     let duplicate = tx.send(0, "again").await.unwrap_err();
     assert!(matches!(duplicate, SendError::Duplicate { index: 0, .. }));
@@ -41,7 +43,7 @@ async fn duplicates_and_a_dropped_receiver_hand_the_value_back() {
 
 #[tokio::test]
 async fn gaps_left_by_the_producers_are_reported_then_the_rest_follows() {
-    let (tx, rx) = reorder_channel::<u8>(8);
+    let (mut tx, rx) = reorder_channel::<u8>(8);
     for index in [0, 2, 3, 6] {
         tx.send(index, index as u8).await.unwrap();
     }
@@ -61,7 +63,7 @@ async fn a_gap_nobody_can_fill_is_reported_when_every_sender_left_is_held_back()
     let (tx, mut rx) = reorder_channel::<char>(2);
     let other = tx.clone();
     let far = tokio::spawn({
-        let tx = tx.clone();
+        let mut tx = tx.clone();
         async move { tx.send(5, 'f').await }
     });
     drop(tx);
@@ -79,10 +81,10 @@ async fn a_gap_nobody_can_fill_is_reported_when_every_sender_left_is_held_back()
 
 #[tokio::test]
 async fn a_step_over_a_gap_stops_at_the_first_value_that_arrived() {
-    let (tx, mut rx) = reorder_channel::<char>(3);
+    let (mut tx, mut rx) = reorder_channel::<char>(3);
     tx.send(2, 'c').await.unwrap();
     let held = tokio::spawn({
-        let tx = tx.clone();
+        let mut tx = tx.clone();
         async move { tx.send(4, 'e').await }
     });
     drop(tx);
@@ -100,10 +102,10 @@ async fn a_step_over_a_gap_stops_at_the_first_value_that_arrived() {
 
 #[tokio::test]
 async fn a_sender_that_is_not_held_back_keeps_the_receiver_waiting_for_it() {
-    let (tx, mut rx) = reorder_channel::<char>(2);
+    let (mut tx, mut rx) = reorder_channel::<char>(2);
+    let mut idle = tx.clone();
     let mut far = task::spawn(tx.send(5, 'f'));
     assert_pending!(far.poll());
-    let idle = tx.clone();
     let mut next = task::spawn(rx.next());
     assert_pending!(next.poll(), "`idle` could still send 0");
     // A held-back send that is dropped no longer counts as held back.
@@ -123,8 +125,8 @@ async fn a_sender_that_is_not_held_back_keeps_the_receiver_waiting_for_it() {
 
 #[tokio::test]
 async fn an_index_stepped_over_and_sent_later_is_a_duplicate() {
-    let (tx, mut rx) = reorder_channel::<char>(1);
-    let late = tx.clone();
+    let (mut tx, mut rx) = reorder_channel::<char>(1);
+    let mut late = tx.clone();
     let held = tokio::spawn(async move { tx.send(1, 'b').await });
     let mut next = task::spawn(rx.next());
     assert_pending!(next.poll(), "`late` could still send 0");
@@ -146,6 +148,33 @@ async fn an_index_stepped_over_and_sent_later_is_a_duplicate() {
     ));
 }
 
+#[tokio::test]
+async fn a_send_held_at_an_index_another_sender_filled_is_a_duplicate_not_a_skip() {
+    // Window 2. `a` is held back at 2; `b` sends 0, 1 and then 2 itself, all taken out, so
+    // the window has passed 2 before `a` retries. With `b` gone, the only sender left is
+    // held back, but at an index behind the window: nothing is skipped, and `a` is told its
+    // index is a duplicate.
+    let (mut a, mut rx) = reorder_channel::<char>(2);
+    let mut b = a.clone();
+    let mut held = task::spawn(a.send(2, 'x'));
+    assert_pending!(held.poll());
+    for (index, value) in [(0, 'a'), (1, 'b'), (2, 'c')] {
+        b.send(index, value).await.unwrap();
+        assert_eq!(rx.next().await, Some(Ok(value)));
+    }
+    drop(b);
+    let mut next = task::spawn(rx.next());
+    assert_pending!(next.poll(), "nothing to skip: 2 was delivered");
+    assert!(matches!(
+        assert_ready!(held.poll()),
+        Err(SendError::Duplicate { index: 2, .. })
+    ));
+    drop(held);
+    drop(a);
+    assert!(next.is_woken());
+    assert_eq!(assert_ready!(next.poll()), None, "no gap, nothing left");
+}
+
 proptest! {
     /// One producer task per index, in a random order and with random delays: the values come
     /// out in order, and the buffer never holds more than its window.
@@ -159,7 +188,7 @@ proptest! {
         let (out, peak) = runtime.block_on(async move {
             let (tx, mut rx) = reorder_channel::<u64>(window);
             for (index, ms) in delays.into_iter().enumerate() {
-                let tx = tx.clone();
+                let mut tx = tx.clone();
                 tokio::spawn(async move {
                     tokio::time::sleep(Duration::from_millis(ms)).await;
                     tx.send(index as u64, index as u64).await.unwrap();
