@@ -61,8 +61,13 @@ async fn evict_idle<K: Hash + Eq>(guard: SweepGuard<K>, every: Duration) {
     let SweepGuard { token, limiter } = &guard;
     let (token, limiter) = (token.clone(), limiter.clone());
     // The first sweep one period from now; every wait is raced against the token, so the
-    // task ends as soon as the limiter is dropped.
-    let mut interval = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+    // task ends as soon as the limiter is dropped. A period too long to add to the clock
+    // (`Duration::MAX`: never sweep) waits for the token alone.
+    let Some(first) = tokio::time::Instant::now().checked_add(every) else {
+        token.cancelled().await;
+        return;
+    };
+    let mut interval = tokio::time::interval_at(first, every);
     interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {

@@ -60,6 +60,24 @@ async fn evicting_a_full_bucket_changes_no_decision() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_sweep_period_too_long_for_the_clock_never_sweeps_and_never_panics() {
+    let baseline = alive_tasks();
+    let limiter = paused::<u8>(10, 1, 10).sweep_every(Duration::MAX).build();
+    for round in 0..5 {
+        assert!(limiter.allow(&round));
+        // Lets the sweep task run: one that panicked would be spawned again at the next use.
+        for _ in 0..4 {
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(alive_tasks(), baseline + 1, "one sweep task, still running");
+    }
+    tokio::time::advance(Duration::from_secs(3600)).await;
+    assert_eq!(alive_tasks(), baseline + 1);
+    drop(limiter);
+    assert_no_leaked_tasks(baseline).await;
+}
+
+#[tokio::test(start_paused = true)]
 async fn dropping_the_limiter_stops_its_eviction_task() {
     let baseline = alive_tasks();
     let limiter = paused::<u8>(10, 1, 10).build();
