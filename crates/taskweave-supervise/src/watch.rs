@@ -189,9 +189,9 @@ impl Wake for Signal {
     fn wake_by_ref(self: &Arc<Self>) {
         let first = !self.cancelled.swap(true, Ordering::AcqRel);
         if let (true, Some(on_cancel)) = (first, &self.on_cancel) {
-            // This runs inside the canceller's `cancel()`, under tokio-util's lock of the
-            // token tree: a panic unwinding from here would poison that lock and leave the
-            // other children uncancelled. It is caught and logged instead.
+            // This runs inside the canceller's `cancel()`, while tokio-util wakes the token's
+            // waiters: a panic unwinding from here would end that `cancel()` with other
+            // waiters not woken. It is caught and logged instead.
             let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(on_cancel));
             if let Err(payload) = ran {
                 let panic = crate::PanicError::from_panic("token-watch-hook", payload);

@@ -205,7 +205,7 @@ where
             .map(|capacity| Arc::new(Queue::new(capacity)));
         let results = results_queue
             .as_ref()
-            .map(|queue| Results::new(Arc::clone(queue)));
+            .map(|queue| Results::new(Arc::clone(queue), settings.name.clone()));
         let given = token.clone();
         let token = token.child_token();
         let shared = Arc::new(Shared {
@@ -391,14 +391,17 @@ impl<J, R, E> Drop for Handle<J, R, E> {
         // The last handle is gone: nobody can submit or close any more. Closing the queue lets
         // the workers drain it and exit, so no task outlives its pool.
         shared.close_queue();
-        // Taken out first, so that the stream's drop does not run under this lock.
-        let untaken = lock(&shared.results).take();
-        drop(untaken);
         // SeqCst, paired with the last worker's exit (see `WorkerExit`).
         shared.detached.store(true, Ordering::SeqCst);
         if shared.counters.workers_alive.load(Ordering::SeqCst) == 0 {
             shared.abandon_leftovers();
         }
+        // After the books: the stream drops outcomes, whose `Drop` is user code. Taken out
+        // first, so that the stream's drop does not run under this lock. A worker waiting
+        // on it (a full stream nobody reads) is let go then, and being the last to exit, it
+        // abandons the leftovers itself (it sees `detached`).
+        let untaken = lock(&shared.results).take();
+        drop(untaken);
     }
 }
 

@@ -9,6 +9,9 @@ use std::task::{Context, Poll, ready};
 use futures::Stream;
 use futures::stream::FusedStream;
 
+use taskweave_supervise::TaskName;
+use taskweave_supervise::internal::drop_caught;
+
 use super::{ResultsQueue, lock};
 use crate::JobResult;
 use crate::queue::WaiterId;
@@ -40,15 +43,18 @@ pub struct Results<R, E> {
     /// polling reaches it through `get_mut`, which takes no lock.
     taken: Mutex<VecDeque<(u64, JobResult<R, E>)>>,
     done: bool,
+    /// The pool's name, for the log of an outcome whose `Drop` panics.
+    pool: TaskName,
 }
 
 impl<R, E> Results<R, E> {
-    pub(crate) fn new(queue: Arc<ResultsQueue<R, E>>) -> Self {
+    pub(crate) fn new(queue: Arc<ResultsQueue<R, E>>, pool: TaskName) -> Self {
         Results {
             queue,
             waiter: None,
             taken: Mutex::new(VecDeque::new()),
             done: false,
+            pool,
         }
     }
 }
@@ -101,9 +107,15 @@ impl<R, E> Drop for Results<R, E> {
     fn drop(&mut self) {
         self.queue.leave_recv(&mut self.waiter);
         // Nobody reads any more: workers stop waiting on a full stream, and later outcomes
-        // are only counted. Those already buffered are freed now, not with the pool.
+        // are only counted. Those already buffered are freed now, not with the pool, each in
+        // a catch of its own: their `Drop` is user code, and one that panics must neither
+        // skip the others nor escape into whoever dropped the stream (the pool's last handle,
+        // `close`), nor abort the process with a second panic.
         self.queue.close();
-        drop(self.queue.drain());
+        let taken = std::mem::take(self.taken.get_mut().unwrap_or_else(PoisonError::into_inner));
+        for outcome in taken.into_iter().chain(self.queue.drain()) {
+            drop_caught(&self.pool, outcome);
+        }
     }
 }
 

@@ -44,7 +44,11 @@ where
     /// (a registration on the token for each wait that finds the queue full), and checked
     /// before anything else: a cancelled one gives `Cancelled` even with room in the queue
     /// (one lock of the token per submit). The pool's own tokens close the queue inside
-    /// `cancel()`, so a submit after their cancellation gets `Closed`.
+    /// `cancel()`, so a submit that starts after their `cancel()` has returned gets `Closed`.
+    /// The close lands when tokio-util wakes the token's waiters, just after it has marked
+    /// the token cancelled: a submit on another thread that sees `is_cancelled()` while that
+    /// `cancel()` is still running may still be accepted (then run, or handed back by
+    /// `close_within`, like any accepted job). Pass a child token where that window matters.
     pub async fn submit(&self, token: &CancellationToken, job: J) -> Result<u64, SubmitError<J>> {
         let shared = &self.handle.shared;
         let own = token == &shared.given || token == shared.cancel.token();

@@ -220,6 +220,48 @@ async fn every_leftover_gets_its_callback_when_one_callback_panics() {
     assert_eq!(*seen.lock().unwrap(), [1, 2, 3]);
 }
 
+/// An outcome whose `Drop` panics.
+struct PanicsWhenDropped;
+
+impl Drop for PanicsWhenDropped {
+    fn drop(&mut self) {
+        panic!("outcome dropped");
+    }
+}
+
+#[tokio::test]
+async fn outcomes_whose_drop_panics_in_an_untaken_stream_skip_no_leftover() {
+    // A results stream nobody took holds outcomes whose `Drop` panics. The pool is dropped
+    // after a cancellation without a close: the stream goes with it, and every unstarted job
+    // still gets its `on_dropped`; no panic escapes into the code that dropped the pool.
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let token = CancellationToken::new();
+    let pool = WorkerPool::builder(1, 8)
+        .results(8)
+        .on_dropped({
+            let seen = Arc::clone(&seen);
+            move |index, _job: u32| seen.lock().unwrap().push(index)
+        })
+        .spawn(token.clone(), |context, job: u32| async move {
+            if job >= 2 {
+                context.cancelled().await;
+            }
+            Ok::<_, String>(PanicsWhenDropped)
+        });
+    for job in 0..6 {
+        pool.try_submit(job).unwrap();
+    }
+    while pool.in_flight() < 1 || pool.metrics().completed < 2 {
+        tokio::task::yield_now().await;
+    }
+    token.cancel();
+    while pool.metrics().workers_alive > 0 {
+        tokio::task::yield_now().await;
+    }
+    drop(pool);
+    assert_eq!(*seen.lock().unwrap(), [3, 4, 5]);
+}
+
 #[test]
 fn a_job_running_when_the_runtime_shuts_down_is_counted_as_abandoned() {
     let runtime = tokio::runtime::Builder::new_multi_thread()

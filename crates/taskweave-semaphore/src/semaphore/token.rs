@@ -20,6 +20,13 @@ impl Semaphore {
     /// token, which is what a contended `acquire` costs above tokio's (see
     /// `docs/benchmarks.md`). No task is spawned: this works outside a runtime too.
     ///
+    /// The price of checking nothing: the close lands when tokio-util wakes the token's
+    /// waiters, inside `cancel()` but just after it has marked the token cancelled. An
+    /// `acquire(&token)` that starts after `cancel()` has returned always gets `Closed` or
+    /// `Cancelled`; one on another thread that sees `token.is_cancelled()` while that
+    /// `cancel()` is still running may still be granted. To rule that out, acquire with a
+    /// child of the bound token (checked, as above).
+    ///
     /// # Examples
     ///
     /// ```
