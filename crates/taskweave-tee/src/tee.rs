@@ -2,6 +2,7 @@
 
 use std::collections::VecDeque;
 use std::future::poll_fn;
+use std::panic::AssertUnwindSafe;
 use std::pin::{Pin, pin};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -233,7 +234,11 @@ where
         if let Some(panic) = panic {
             let _ = task_shared.panic.set(panic);
         }
-        // Dropping the senders (and the evicting receivers) closes every output.
+        // Dropping the senders (and the evicting receivers) closes every output; what is
+        // left for a drop-oldest output that is gone is dropped first, in a catch.
+        for slot in &slots {
+            slot.close_if_abandoned();
+        }
         drop(slots);
     }));
     outputs
@@ -291,12 +296,18 @@ impl<T> Slot<T> {
     }
 
     /// For a drop-oldest output, whose channel the task keeps open: its consumer is gone
-    /// when the task's evicting receiver is the only one left.
+    /// when the task's evicting receiver is the only one left. The values its consumer left
+    /// in it are dropped here, each in a catch (their `Drop` is user code), rather than with
+    /// the channel when the slot goes.
     fn close_if_abandoned(&self) {
-        if let Out::Evicting { tx, .. } = &self.out
+        if let Out::Evicting { tx, evict } = &self.out
             && tx.receiver_count() == 1
         {
             tx.close();
+            let name = TaskName::from("tee");
+            while let Ok(value) = evict.try_recv() {
+                drop_caught(&name, value);
+            }
         }
     }
 
@@ -485,10 +496,20 @@ where
 }
 
 /// Copies `value` into every output's scratch; the last one takes the original.
+///
+/// A `clone` that panics goes on as the tee's panic, but `value` is dropped first in a catch
+/// of its own: dropped while that panic unwinds, a `Drop` that panics too would abort the
+/// process.
 fn copy_out<T: Clone>(slots: &mut [Slot<T>], value: T) {
     let (last, others) = slots.split_last_mut().expect("live outputs");
     for slot in others {
-        slot.scratch.push_back(value.clone());
+        match std::panic::catch_unwind(AssertUnwindSafe(|| value.clone())) {
+            Ok(copy) => slot.scratch.push_back(copy),
+            Err(payload) => {
+                drop_caught(&TaskName::from("tee"), value);
+                std::panic::resume_unwind(payload);
+            }
+        }
     }
     last.scratch.push_back(value);
 }

@@ -431,3 +431,71 @@ async fn a_value_whose_drop_panics_when_evicted_costs_no_output_a_value() {
     assert_eq!(dashboard.lagged(), 9);
     assert_eq!(dashboard.map(|b| b.0).collect::<Vec<_>>().await, [9]);
 }
+
+#[tokio::test]
+async fn values_left_in_a_dropped_drop_oldest_output_whose_drop_panics_cost_no_output_a_value() {
+    let fuse = Arc::new(AtomicUsize::new(0));
+    let (input, values) = futures::channel::mpsc::unbounded();
+    let mut outputs = tee_with(
+        CancellationToken::new(),
+        values,
+        [Policy::lockstep(16), Policy::drop_oldest(8)],
+    );
+    let dashboard = outputs.pop().unwrap();
+    let mut archive = outputs.pop().unwrap();
+    for n in 0..4 {
+        input.unbounded_send(Bomb(n, Arc::clone(&fuse))).unwrap();
+    }
+    // Kept until the end: the first drop of a copy of 3 is the one that panics, and it must
+    // be the tee's.
+    let mut kept = Vec::new();
+    for n in 0..4 {
+        let value = archive.next().await.unwrap();
+        assert_eq!(value.0, n);
+        kept.push(value);
+    }
+    // The dashboard's copies of 0 to 3 are still in its channel; its consumer goes. The tee
+    // drops them when it sees the output gone: the copy of 3 panics there.
+    drop(dashboard);
+    for n in 4..6 {
+        input.unbounded_send(Bomb(n, Arc::clone(&fuse))).unwrap();
+    }
+    drop(input);
+    let rest: Vec<u32> = (&mut archive).map(|b| b.0).collect().await;
+    assert_eq!(rest, [4, 5], "the other output goes on");
+    assert!(
+        fuse.load(Ordering::SeqCst) > 0,
+        "the armed copy was dropped"
+    );
+    assert!(
+        archive.panic().is_none(),
+        "caught and logged, not the tee's end"
+    );
+    drop(kept);
+}
+
+/// A value whose `clone` panics for 1, and whose `Drop` panics for the original 1.
+struct BadClone(u32);
+
+impl Clone for BadClone {
+    fn clone(&self) -> Self {
+        assert!(self.0 != 1, "clone exploded");
+        BadClone(self.0)
+    }
+}
+
+impl Drop for BadClone {
+    fn drop(&mut self) {
+        assert!(self.0 != 1, "drop exploded");
+    }
+}
+
+#[tokio::test]
+async fn a_value_whose_clone_and_drop_both_panic_ends_the_tee_without_an_abort() {
+    let values: Vec<BadClone> = (0..3).map(BadClone).collect();
+    let (first, mut second) = tee(CancellationToken::new(), futures::stream::iter(values));
+    assert_eq!(first.map(|v| v.0).collect::<Vec<_>>().await, [0]);
+    assert_eq!((&mut second).map(|v| v.0).collect::<Vec<_>>().await, [0]);
+    let panic = second.panic().expect("the clone's panic ends the tee");
+    assert_eq!(panic.message(), "clone exploded");
+}
