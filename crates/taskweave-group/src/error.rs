@@ -17,6 +17,8 @@ pub enum TaskFailure<E> {
     Panicked(PanicError),
     /// The item never ran: the caller's token was cancelled first (only from
     /// [`map_parallel_all`](crate::map_parallel_all) and [`map_parallel`](crate::map_parallel)).
+    /// From `map_parallel`, also when every item it read ran but the cancel stopped it before
+    /// it read the input's end, and the input's `size_hint` does not say it has no more.
     NotStarted,
 }
 

@@ -487,7 +487,7 @@ impl<E: Send + 'static> Inner<E> {
 /// Drops a failure the caller will not see (or a future whose task never started). Its `Drop`
 /// is user code: a panic there is caught and logged, so that `wait` never panics because of a
 /// task.
-fn drop_quietly<T>(value: T) {
+pub(crate) fn drop_quietly<T>(value: T) {
     if let Err(payload) = std::panic::catch_unwind(AssertUnwindSafe(move || drop(value))) {
         let panic = PanicError::from_panic("group-task", payload);
         tracing::error!(panic = %panic.message(), "task group: a Drop panicked; caught");

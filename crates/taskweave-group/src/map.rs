@@ -14,6 +14,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::TaskFailure;
 use crate::error::from_caught;
+use crate::group::drop_quietly;
 
 /// Applies `f` to every item with at most `limit` calls in flight, each on its own task, and
 /// returns the results **in input order**; the first failure cancels the rest.
@@ -50,7 +51,9 @@ use crate::error::from_caught;
 /// # Errors
 ///
 /// The first failure ([`TaskFailure::Failed`] or [`TaskFailure::Panicked`]), or
-/// [`TaskFailure::NotStarted`] when `token` was cancelled before every item ran.
+/// [`TaskFailure::NotStarted`] when `token` was cancelled before every item ran (or before
+/// the map read the input's end, for an input whose `size_hint` does not say it has no
+/// more: the input is not read further to find out).
 ///
 /// # Panics
 ///
@@ -78,24 +81,30 @@ where
         first_failure,
         exhausted,
     } = run_ordered(token, items, limit, f, true).await;
+    // The outcomes a failure discards are dropped in a catch each: their `Drop` is user
+    // code, and one that panics must not unwind through the caller in place of the failure.
     if let Some(index) = first_failure
         && let Some(Err(failure)) = slots[index].take()
     {
+        slots.into_iter().for_each(drop_quietly);
         return Err(failure);
     }
-    if !exhausted {
-        return Err(TaskFailure::NotStarted);
-    }
     let mut values = Vec::with_capacity(slots.len());
-    for slot in slots {
-        match slot {
-            Some(Ok(value)) => values.push(value),
-            Some(Err(failure)) => return Err(failure),
+    let mut slots = slots.into_iter();
+    let failure = loop {
+        match slots.next() {
+            Some(Some(Ok(value))) => values.push(value),
+            Some(Some(Err(failure))) => break failure,
             // The caller's token stopped the map before this item started.
-            None => return Err(TaskFailure::NotStarted),
+            Some(None) => break TaskFailure::NotStarted,
+            None if exhausted => return Ok(values),
+            // Every item read ran, but the input may have had more.
+            None => break TaskFailure::NotStarted,
         }
-    }
-    Ok(values)
+    };
+    values.into_iter().for_each(drop_quietly);
+    slots.for_each(drop_quietly);
+    Err(failure)
 }
 
 /// Like [`map_parallel`], but runs every item to the end and returns every outcome in input
@@ -286,9 +295,15 @@ where
     }
     if !stop_on_failure && !exhausted {
         // Every item gets a slot; the ones read now never started.
-        for (index, _item) in items {
+        for (index, _item) in items.by_ref() {
             reserve(&mut slots, index);
         }
+        exhausted = true;
+    }
+    // Stopped before reading the input's end: it may still be known to have no more items
+    // (a `Vec`, a range). The input is not read further to find out: an item the map would
+    // not run would be taken out of it for nothing.
+    if !exhausted && items.size_hint().1 == Some(0) {
         exhausted = true;
     }
     Run {

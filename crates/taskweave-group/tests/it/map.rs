@@ -419,3 +419,59 @@ async fn each_calls_token_is_its_own_and_left_alone_by_a_map_that_succeeds() {
     assert_eq!(slow.len(), 2, "items 1 and 2 were in flight");
     assert!(slow.iter().all(CancellationToken::is_cancelled));
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_cancel_after_every_item_started_returns_the_values_that_all_came_back() {
+    // Two items, a limit of two: both run before the cancel, and both ignore their token.
+    let token = CancellationToken::new();
+    let canceller = token.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        canceller.cancel();
+    });
+    let values = map_parallel(token, vec![1_u32, 2], 2, |_token, n| async move {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        Ok::<_, String>(n * 10)
+    })
+    .await
+    .expect("every item ran and came back");
+    assert_eq!(values, [10, 20]);
+    // An empty input with a token already cancelled: nothing to run, nothing missing.
+    let token = CancellationToken::new();
+    token.cancel();
+    let none = map_parallel(token, Vec::<u32>::new(), 2, |_token, n| async move {
+        Ok::<_, String>(n)
+    })
+    .await
+    .expect("an empty input has no item left unstarted");
+    assert!(none.is_empty());
+}
+
+/// An output whose `Drop` panics.
+struct PanicsWhenDropped;
+
+impl Drop for PanicsWhenDropped {
+    fn drop(&mut self) {
+        panic!("discarded outcome dropped");
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn outcomes_a_failure_discards_are_dropped_without_unwinding_through_the_caller() {
+    let failure = map_parallel(
+        CancellationToken::new(),
+        0..3_u32,
+        3,
+        |_token, n| async move {
+            if n == 0 {
+                return Err("item 0 failed".to_owned());
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+            Ok(PanicsWhenDropped)
+        },
+    )
+    .await
+    .err()
+    .expect("the first failure");
+    assert!(matches!(failure, TaskFailure::Failed(message) if message == "item 0 failed"));
+}
