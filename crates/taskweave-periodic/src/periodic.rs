@@ -126,7 +126,8 @@ impl Periodic {
     }
 
     /// Bounds every run: a run still going after `timeout` has its token cancelled and its
-    /// future dropped, and is counted as timed out.
+    /// future dropped, and is counted as timed out (as panicked if dropping it panicked; its
+    /// token is cancelled all the same, as after any panicked run).
     ///
     /// # Panics
     ///
@@ -329,8 +330,13 @@ impl Periodic {
             }
         });
         match run.await {
-            // Already logged with its backtrace by `catch_panic`.
-            Err(_panic) => report.panicked += 1,
+            // Already logged with its backtrace by `catch_panic`. The run's token is
+            // cancelled too: the panic may have come from dropping a timed-out run's future,
+            // whose helpers must stop as after any timeout.
+            Err(_panic) => {
+                run_token.cancel();
+                report.panicked += 1;
+            }
             Ok(Ran::Succeeded) => report.succeeded += 1,
             Ok(Ran::Failed) => report.failed += 1,
             Ok(Ran::TimedOut(limit)) => {

@@ -221,3 +221,45 @@ async fn a_failure_whose_display_or_drop_panics_is_a_panicked_run() {
         .await;
     assert_eq!((report.runs, report.panicked, report.succeeded), (2, 1, 1));
 }
+
+/// Panics when dropped.
+struct PanicOnDrop;
+
+impl Drop for PanicOnDrop {
+    fn drop(&mut self) {
+        panic!("run future dropped");
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_timed_out_run_whose_drop_panics_still_has_its_token_cancelled() {
+    let token = CancellationToken::new();
+    stop_after(&token, 150 * MS);
+    let seen_at = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let started = Instant::now();
+    let report = Periodic::new(100 * MS)
+        .with_timeout(20 * MS)
+        .run(token, {
+            let seen_at = Arc::clone(&seen_at);
+            move |run_token| {
+                let seen_at = Arc::clone(&seen_at);
+                tokio::spawn(async move {
+                    run_token.cancelled().await;
+                    seen_at.lock().unwrap().push(started.elapsed());
+                });
+                let guard = PanicOnDrop;
+                async move {
+                    std::future::pending::<()>().await;
+                    drop(guard);
+                }
+            }
+        })
+        .await;
+    // One run, at 100 ms (the first tick is one period in), timed out at 120 ms.
+    assert_eq!(report.panicked, 1, "dropping the run panicked: {report:?}");
+    assert_eq!(
+        *seen_at.lock().unwrap(),
+        [120 * MS],
+        "the run's helper stopped at its timeout, not with the runner at 150 ms"
+    );
+}

@@ -72,6 +72,8 @@ impl PhaseContext {
             return None;
         }
         let mut state = lock(&self.inner.state);
+        // The clock read above can race the orchestrator's cut-off on another thread; its
+        // decision, taken under this lock, is what counts.
         if state.critical_closed_for_good {
             return None;
         }
@@ -90,5 +92,48 @@ impl fmt::Debug for PhaseContext {
             .field("name", &self.name)
             .field("remaining", &self.remaining())
             .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Shutdown;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_step_found_without_a_section_at_its_cut_off_opens_none_afterwards() {
+        // The orchestrator's decision and the step's clock read can race on two threads:
+        // the step may still read a time before its cut-off when the orchestrator has
+        // already found no section of its open and is about to abort it. Its decision,
+        // taken under the state's lock, must win.
+        let shutdown = Shutdown::new(CancellationToken::new(), Duration::from_secs(10));
+        let ctx = PhaseContext {
+            name: "phase".to_owned(),
+            deadline: Instant::now() + Duration::from_secs(9),
+            cut_off: Instant::now() + Duration::from_secs(10),
+            step: 7,
+            inner: Arc::clone(&shutdown.inner),
+            token: CancellationToken::new(),
+            abandoned: Arc::default(),
+        };
+        drop(
+            ctx.critical_section("before")
+                .expect("open before the cut-off"),
+        );
+        let mut task = taskweave_supervise::spawn("phase", std::future::pending::<()>());
+        let waited = shutdown
+            .wait_while_critical(
+                &mut task,
+                7,
+                Duration::from_secs(1),
+                Instant::now() + Duration::from_secs(60),
+            )
+            .await;
+        assert!(waited.is_none(), "no section open: cut off at once");
+        assert!(
+            ctx.critical_section("after").is_none(),
+            "a section opened after the decision would be cut in half by the abort"
+        );
+        task.abort();
     }
 }

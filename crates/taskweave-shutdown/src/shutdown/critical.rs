@@ -68,10 +68,19 @@ impl Shutdown {
             let closed = self.inner.critical_closed.notified();
             let mut closed = std::pin::pin!(closed);
             closed.as_mut().enable();
-            let own_open = lock(&self.inner.state)
-                .critical
-                .values()
-                .any(|(_, owner)| *owner == Some(step));
+            let own_open = {
+                let mut state = lock(&self.inner.state);
+                let own_open = state
+                    .critical
+                    .values()
+                    .any(|(_, owner)| *owner == Some(step));
+                if !own_open && !waited {
+                    // Decided under the lock the step's `critical_section` takes: a section
+                    // it opens from now on is refused, so none is cut in half by the abort.
+                    state.cut_off_steps.push(step);
+                }
+                own_open
+            };
             if !own_open && !waited {
                 return None; // nothing of its own open at its cut-off
             }

@@ -112,6 +112,10 @@ struct State {
     next_critical: u64,
     next_step: u64,
     critical_closed_for_good: bool,
+    /// Steps the orchestrator has decided to cut off (set under this lock when it finds no
+    /// section of theirs open): a section they open afterwards is refused, even if their
+    /// own clock read was still before the cut-off.
+    cut_off_steps: Vec<u64>,
     listening: bool,
     signals: u32,
     ran: bool,

@@ -13,7 +13,8 @@ impl Shutdown {
     /// which lives until the runtime shuts down: the first signal triggers the shutdown (or
     /// is logged, when it was triggered already from code); the second prints the report so
     /// far to stderr, logs it, and exits the process at once with code 130 (SIGINT) or 143
-    /// (SIGTERM). Calling it again does nothing.
+    /// (SIGTERM). Calling it again after it succeeded does nothing; after an error it tries
+    /// again.
     ///
     /// # Errors
     ///
@@ -34,8 +35,16 @@ impl Shutdown {
         #[cfg(unix)]
         {
             use tokio::signal::unix::{SignalKind, signal};
-            let mut terminate = signal(SignalKind::terminate())?;
-            let mut interrupt = signal(SignalKind::interrupt())?;
+            // A registration that fails leaves nobody listening: a later call tries again.
+            let registered = signal(SignalKind::terminate())
+                .and_then(|terminate| Ok((terminate, signal(SignalKind::interrupt())?)));
+            let (mut terminate, mut interrupt) = match registered {
+                Ok(both) => both,
+                Err(error) => {
+                    lock(&self.inner.state).listening = false;
+                    return Err(error);
+                }
+            };
             drop(taskweave_supervise::spawn("shutdown-signals", async move {
                 loop {
                     let (name, code) = tokio::select! {
