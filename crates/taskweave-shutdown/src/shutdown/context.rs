@@ -74,7 +74,7 @@ impl PhaseContext {
         let mut state = lock(&self.inner.state);
         // The clock read above can race the orchestrator's cut-off on another thread; its
         // decision, taken under this lock, is what counts.
-        if state.critical_closed_for_good {
+        if state.critical_closed_for_good || state.cut_off_steps.contains(&self.step) {
             return None;
         }
         Some(open_section(
