@@ -74,13 +74,37 @@ pin_project! {
     /// Future returned by [`catch_panic`]; see there for an example.
     ///
     /// The inner future is dropped inside the catch as soon as it completes or panics, so a
-    /// panic in its destructor is caught too (reported as the panic, the output lost).
+    /// panic in its destructor is caught too (reported as the panic, the output lost). An
+    /// unfinished future dropped with the `CatchPanic` (an aborted task) is dropped inside a
+    /// catch as well: a panic of its destructor is logged, and the drop (the abort) goes on.
+    ///
+    /// A panic that code inside the future catches itself (a `catch_unwind`, a `LocalSet`'s
+    /// task) is logged once at the end of the poll, since the default report of the panic
+    /// hook is left out while a `catch_panic` polls.
     #[must_use = "futures do nothing unless polled"]
     pub struct CatchPanic<F> {
         name: TaskName,
         log: bool,
         #[pin]
         stage: Stage<F>,
+    }
+
+    impl<F> PinnedDrop for CatchPanic<F> {
+        fn drop(this: Pin<&mut Self>) {
+            let this = this.project();
+            let mut stage = this.stage;
+            if matches!(stage.as_mut().project(), StageProj::Done) {
+                return;
+            }
+            let previous = CAPTURING.try_with(|flag| flag.replace(true)).unwrap_or(false);
+            let dropped = std::panic::catch_unwind(AssertUnwindSafe(|| stage.set(Stage::Done)));
+            let _ = CAPTURING.try_with(|flag| flag.set(previous));
+            if let Err(payload) = dropped {
+                let error = panic_error(this.name.clone(), payload.as_ref());
+                drop_payload(payload);
+                log_panic(&error, "dropping the unfinished task panicked: caught");
+            }
+        }
     }
 }
 
@@ -146,31 +170,38 @@ impl<F: Future> Future for CatchPanic<F> {
             }
             polled
         }));
-        if result.is_err() {
-            // A future that panicked is dropped inside a catch as well; a second panic from
-            // its destructor is not reported apart (the first one is).
-            let dropped = std::panic::catch_unwind(AssertUnwindSafe(|| stage.set(Stage::Done)));
-            if let Err(payload) = dropped {
-                drop_payload(payload);
-            }
-        }
-        CAPTURING.with(|flag| flag.set(previous));
-        match result {
-            Ok(Poll::Pending) => Poll::Pending,
-            Ok(Poll::Ready(output)) => Poll::Ready(Ok(output)),
+        let result = match result {
+            Ok(polled) => Ok(polled),
             Err(payload) => {
+                // Built before the future is dropped: a panic of its destructor would record
+                // its own site over this one's.
                 let error = panic_error(this.name.clone(), payload.as_ref());
                 error.keep_payload(payload);
-                if !*this.log {
-                    return Poll::Ready(Err(error));
+                // A future that panicked is dropped inside a catch as well; a second panic
+                // from its destructor is logged apart (the first one is the task's).
+                let dropped = std::panic::catch_unwind(AssertUnwindSafe(|| stage.set(Stage::Done)));
+                if let Err(payload) = dropped {
+                    let second = panic_error(this.name.clone(), payload.as_ref());
+                    drop_payload(payload);
+                    log_panic(&second, "dropping the panicked task's future panicked too");
                 }
-                tracing::error!(
-                    task = %error.name(),
-                    panic = %error.message(),
-                    location = error.location().unwrap_or("unknown"),
-                    backtrace = %error.backtrace(),
-                    "task panicked"
-                );
+                Err(error)
+            }
+        };
+        CAPTURING.with(|flag| flag.set(previous));
+        match result {
+            Ok(polled) => {
+                // A panic the future caught itself left its site here, and nobody else
+                // reports it.
+                if let Some(site) = take_any_site() {
+                    log_site(this.name, &site, "a panic was caught inside the task");
+                }
+                polled.map(Ok)
+            }
+            Err(error) => {
+                if *this.log {
+                    log_panic(&error, "task panicked");
+                }
                 Poll::Ready(Err(error))
             }
         }
@@ -266,6 +297,36 @@ fn install_hook() {
     });
 }
 
+/// A caught panic, as one `tracing` event at error.
+fn log_panic(error: &PanicError, what: &'static str) {
+    tracing::error!(
+        task = %error.name(),
+        panic = %error.message(),
+        location = error.location().unwrap_or("unknown"),
+        backtrace = %error.backtrace(),
+        "{what}"
+    );
+}
+
+/// A panic known only by the site the hook recorded, as one `tracing` event at error.
+fn log_site(name: &TaskName, site: &PanicSite, what: &'static str) {
+    tracing::error!(
+        task = %name,
+        panic = site.message.as_deref().unwrap_or("Box<dyn Any>"),
+        location = site.location.as_deref().unwrap_or("unknown"),
+        backtrace = %site.backtrace,
+        "{what}"
+    );
+}
+
+/// Takes whatever site the hook recorded on this thread.
+fn take_any_site() -> Option<PanicSite> {
+    LAST_PANIC
+        .try_with(|slot| slot.borrow_mut().take())
+        .ok()
+        .flatten()
+}
+
 /// A panic no `catch_panic` catches, as one `tracing` event.
 fn log_uncaught(info: &PanicHookInfo<'_>) {
     let thread = std::thread::current();
@@ -331,9 +392,9 @@ pub(crate) fn drop_payload(payload: Box<dyn std::any::Any + Send>) {
 /// dropped the same careful way) and logged, instead of taking the task down.
 pub(crate) fn drop_caught<T>(name: &TaskName, value: T) {
     if let Err(payload) = std::panic::catch_unwind(AssertUnwindSafe(move || drop(value))) {
-        let message = payload_message(payload.as_ref());
+        let error = panic_error(name.clone(), payload.as_ref());
         drop_payload(payload);
-        tracing::error!(task = %name, panic = %message, "a value's Drop panicked: caught");
+        log_panic(&error, "a value's Drop panicked: caught");
     }
 }
 
@@ -343,6 +404,8 @@ pub(crate) fn display_caught(value: &dyn fmt::Display) -> String {
     match std::panic::catch_unwind(AssertUnwindSafe(|| value.to_string())) {
         Ok(text) => text,
         Err(payload) => {
+            // Its site is taken so that no later report mistakes it for another panic.
+            let _site = take_site(&payload_message(payload.as_ref()));
             drop_payload(payload);
             "<the error's Display panicked>".to_owned()
         }

@@ -123,7 +123,9 @@ impl<T> TaskHandle<T> {
 
     fn map_join_error(&self, error: JoinError) -> TaskError {
         if error.is_panic() {
-            // Only a panic outside our `catch_unwind` gets here: the future's `Drop`.
+            // Only a panic outside our catches gets here (a panicking `tracing` subscriber
+            // while a caught panic is logged): the future's own `Drop` is caught by
+            // `CatchPanic`, also when the task is aborted.
             let payload = error.into_panic();
             let panic = panic_error_from_payload(self.name.clone(), payload.as_ref());
             drop_payload(payload);

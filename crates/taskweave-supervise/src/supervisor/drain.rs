@@ -142,7 +142,7 @@ impl Supervisor {
         if budget_expired {
             let stragglers: Vec<AbortHandle> = {
                 let mut state = self.state();
-                state.aborting = true;
+                state.start_aborting(me);
                 state
                     .tasks
                     .iter()

@@ -104,6 +104,12 @@ struct State {
     /// Set once a drain deadline has passed: a task whose registration completes after this
     /// point is aborted at once instead of being missed by the abort sweep.
     aborting: bool,
+    /// Tasks that called `shutdown` whose own entry had no abort handle yet when their
+    /// deadline passed (on the multi-thread runtime a task can run before its `launch`
+    /// completes): `launch` spares them, as the sweep spares its caller. At most
+    /// `SPARED_MAX`, the oldest dropped first (an id of a task that is not ours stays until
+    /// then).
+    spared: Vec<Id>,
     next_id: u64,
     tasks: Slab<Entry>,
     /// One log per `shutdown` call in progress: the outcomes of the tasks that end during it.
@@ -123,6 +129,36 @@ struct State {
 }
 
 impl State {
+    /// Whether `launch` aborts the task `task` at once: a drain deadline has passed, and the
+    /// task is not the caller of that drain (which is left running).
+    fn aborts_at_launch(&mut self, task: Id) -> bool {
+        if !self.aborting {
+            return false;
+        }
+        match self.spared.iter().position(|spared| *spared == task) {
+            Some(index) => {
+                self.spared.swap_remove(index);
+                false
+            }
+            None => true,
+        }
+    }
+
+    /// Marks the drain's deadline as passed, sparing the caller `me` if its own entry has no
+    /// abort handle yet (see `spared`).
+    fn start_aborting(&mut self, me: Option<Id>) {
+        self.aborting = true;
+        if let Some(me) = me
+            && !self.tasks.iter().any(|(_, entry)| entry.task() == Some(me))
+            && !self.spared.contains(&me)
+        {
+            if self.spared.len() >= SPARED_MAX {
+                self.spared.remove(0);
+            }
+            self.spared.push(me);
+        }
+    }
+
     /// Closed with at most one task left: a drain waiter may be done (the one left may be the
     /// waiter itself, which checks), so it is woken.
     fn may_be_drained(&self) -> bool {
@@ -139,6 +175,9 @@ impl State {
             }
     }
 }
+
+/// The most drain callers `State::spared` remembers.
+const SPARED_MAX: usize = 16;
 
 struct Entry {
     id: u64,
@@ -290,7 +329,7 @@ impl Supervisor {
     /// Cumulative counters since the supervisor was created.
     ///
     /// The task counters are read together under the supervisor's lock, so
-    /// `spawned == completed + panicked + aborted + running` holds in every snapshot.
+    /// `spawned == completed + failed + panicked + aborted + running` holds in every snapshot.
     #[must_use]
     pub fn metrics(&self) -> SupervisorMetrics {
         let state = self.state();

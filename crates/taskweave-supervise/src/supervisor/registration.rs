@@ -127,9 +127,10 @@ impl Supervisor {
             Some(entry) if entry.id == id => {
                 entry.abort = Some(abort);
                 // A drain deadline passed between `register` and here: the sweep missed this
-                // task. And a task that already runs (multi-thread) may be waiting for a
-                // drain that needs its own id, known only from now on.
-                (state.aborting, state.may_be_drained())
+                // task (unless the task is that drain's caller). And a task that already runs
+                // (multi-thread) may be waiting for a drain that needs its own id, known only
+                // from now on.
+                (state.aborts_at_launch(join.id()), state.may_be_drained())
             }
             // Already finished and removed (the slot may even hold a newer task).
             _ => (false, false),

@@ -1,5 +1,6 @@
 //! The retired abort handles (`registration::RETIRED_MAX`): kept on the multi-thread runtime
-//! only, never more than the bound, swept by a later spawn and at the end of a drain.
+//! only, never more than the bound, swept by a later spawn and at the end of a drain. And
+//! the drain callers `launch` spares (`State::spared`).
 
 use std::time::Duration;
 
@@ -111,4 +112,69 @@ fn tasks_with_a_large_future_are_never_retired() {
         .await;
         assert_eq!(retired(&supervisor), 0, "so is an output over the size");
     });
+}
+
+/// The race this covers needs a spawning thread descheduled for longer than a drain's grace
+/// between `spawn` and `launch`'s lock, which a test cannot arrange: the decision is checked
+/// on the state directly.
+#[tokio::test]
+async fn a_drain_caller_whose_entry_has_no_handle_yet_is_spared_by_its_launch() {
+    let supervisor = Supervisor::new(CancellationToken::new());
+    let caller = tokio::spawn(async { tokio::task::id() }).await.unwrap();
+    let other = tokio::spawn(async { tokio::task::id() }).await.unwrap();
+    let mut state = supervisor.state();
+    assert!(!state.aborts_at_launch(other), "no deadline passed yet");
+    // The caller has no entry with a handle: it may be one of ours whose launch is pending.
+    state.start_aborting(Some(caller));
+    assert!(
+        state.aborts_at_launch(other),
+        "a task the sweep missed is aborted"
+    );
+    assert!(
+        !state.aborts_at_launch(caller),
+        "the drain's caller is left running"
+    );
+    assert!(state.spared.is_empty(), "spared once, then forgotten");
+    // The same caller is remembered once; at most `SPARED_MAX` callers, the oldest
+    // forgotten first.
+    state.start_aborting(Some(caller));
+    state.start_aborting(Some(caller));
+    assert_eq!(state.spared.len(), 1);
+    drop(state);
+    let mut callers = Vec::new();
+    for _ in 0..super::SPARED_MAX {
+        callers.push(tokio::spawn(async { tokio::task::id() }).await.unwrap());
+    }
+    let mut state = supervisor.state();
+    for id in &callers {
+        state.start_aborting(Some(*id));
+    }
+    assert_eq!(state.spared.len(), super::SPARED_MAX);
+    assert!(state.aborts_at_launch(caller), "the oldest was forgotten");
+    assert!(!state.aborts_at_launch(callers[0]));
+}
+
+#[tokio::test]
+async fn a_drain_caller_whose_entry_has_its_handle_is_not_remembered() {
+    let supervisor = Supervisor::new(CancellationToken::new());
+    let gate = CancellationToken::new();
+    let task = supervisor
+        .spawn("caller", {
+            let gate = gate.clone();
+            async move {
+                gate.cancelled().await;
+            }
+        })
+        .unwrap();
+    let id = task.id();
+    {
+        let mut state = supervisor.state();
+        state.start_aborting(Some(id));
+        assert!(
+            state.spared.is_empty(),
+            "its launch is done: nothing to spare"
+        );
+    }
+    gate.cancel();
+    task.await.unwrap();
 }

@@ -182,3 +182,69 @@ fn log_panics_to_tracing_sends_uncaught_panics_to_tracing() {
     assert!(line.contains("plain-thread-of-the-hook-test"), "{line}");
     assert!(line.contains("catch.rs"), "the location: {line}");
 }
+
+#[tokio::test]
+async fn a_panic_the_future_catches_itself_is_logged_once_with_its_location() {
+    let logs = LogCapture::global();
+    let value = catch_panic("self-catcher", async {
+        // Code inside the task catches a panic of its own (a library's catch_unwind, a
+        // LocalSet's task): the hook's default report is left out while a catch_panic polls,
+        // so the catch_panic reports it.
+        let caught = std::panic::catch_unwind(|| panic!("caught inside"));
+        assert!(caught.is_err());
+        7
+    })
+    .await
+    .expect("the task itself did not panic");
+    assert_eq!(value, 7);
+    let logged = logs.lines_with("self-catcher");
+    assert!(
+        logged.contains("a panic was caught inside the task") && logged.contains("caught inside"),
+        "{logged}"
+    );
+    assert!(
+        logged.contains("tests/it/catch.rs"),
+        "with its location: {logged}"
+    );
+    assert_eq!(logged.lines().count(), 1, "once: {logged}");
+}
+
+/// A future that panics when polled, and again when dropped afterwards.
+struct PanicsTwice;
+
+impl std::future::Future for PanicsTwice {
+    type Output = ();
+
+    fn poll(
+        self: std::pin::Pin<&mut Self>,
+        _cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<()> {
+        panic!("first");
+    }
+}
+
+impl Drop for PanicsTwice {
+    fn drop(&mut self) {
+        panic!("second, in drop");
+    }
+}
+
+#[tokio::test]
+async fn a_panic_whose_future_panics_again_when_dropped_keeps_its_own_location() {
+    let logs = LogCapture::global();
+    let panic = catch_panic("twice", PanicsTwice).await.unwrap_err();
+    assert_eq!(panic.message(), "first");
+    assert!(
+        panic
+            .location()
+            .is_some_and(|at| at.contains("tests/it/catch.rs")),
+        "the first panic's own site: {:?}",
+        panic.location()
+    );
+    let logged = logs.lines_with("twice");
+    assert!(
+        logged.contains("dropping the panicked task's future panicked too")
+            && logged.contains("second, in drop"),
+        "{logged}"
+    );
+}
