@@ -122,6 +122,10 @@ async fn a_drain_caller_whose_entry_has_no_handle_yet_is_spared_by_its_launch() 
     let supervisor = Supervisor::new(CancellationToken::new());
     let caller = tokio::spawn(async { tokio::task::id() }).await.unwrap();
     let other = tokio::spawn(async { tokio::task::id() }).await.unwrap();
+    let mut callers = Vec::new();
+    for _ in 0..super::SPARED_MAX {
+        callers.push(tokio::spawn(async { tokio::task::id() }).await.unwrap());
+    }
     let mut state = supervisor.state();
     assert!(!state.aborts_at_launch(other), "no deadline passed yet");
     // The caller has no entry with a handle: it may be one of ours whose launch is pending.
@@ -140,12 +144,6 @@ async fn a_drain_caller_whose_entry_has_no_handle_yet_is_spared_by_its_launch() 
     state.start_aborting(Some(caller));
     state.start_aborting(Some(caller));
     assert_eq!(state.spared.len(), 1);
-    drop(state);
-    let mut callers = Vec::new();
-    for _ in 0..super::SPARED_MAX {
-        callers.push(tokio::spawn(async { tokio::task::id() }).await.unwrap());
-    }
-    let mut state = supervisor.state();
     for id in &callers {
         state.start_aborting(Some(*id));
     }
