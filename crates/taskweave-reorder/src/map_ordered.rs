@@ -210,6 +210,7 @@ where
         cancelled: false,
         owed: 0,
         batch: concurrency,
+        token: token.clone(),
         _stop_on_drop: token.drop_guard(),
     }
 }
@@ -234,6 +235,9 @@ pub struct MapOrdered<R> {
     // Results yielded but not yet published to the gate.
     owed: usize,
     batch: usize,
+    // The workers' token, read once when they have all stopped: its waiters are woken one
+    // after another, so the workers may see the cancel (and stop) before `watch` is set.
+    token: CancellationToken,
     // Dropping the output stops the workers.
     _stop_on_drop: DropGuard,
 }
@@ -287,9 +291,11 @@ impl<R> Stream for MapOrdered<R> {
                         unreachable!("map_ordered: result outside the window: {refused}");
                     }
                 }
-                // Every task has stopped; after a cancel, what is buffered is dropped.
+                // Every task has stopped; after a cancel, what is buffered is dropped. A result
+                // left behind a gap can only be the work of a cancel too.
                 Poll::Ready(None) => {
                     this.ended = true;
+                    this.cancelled = this.token.is_cancelled() || !this.buffer.is_empty();
                     return Poll::Ready(None);
                 }
                 Poll::Pending => {
