@@ -303,9 +303,11 @@ impl RateLimiter {
         self.inner.clock.is_tokio()
     }
 
-    // Relaxed: the two settings are read independently; a request that sees a new rate with
-    // an old burst (or the reverse) during a reconfiguration is acceptable, and `Rate::step`
-    // refuses a mixture whose sums do not fit rather than granting it.
+    // Relaxed: the two settings are read independently. A check that reads them before a
+    // reconfiguration and compares-and-swaps the bucket after it is decided on the old
+    // settings (a grant the new ones would refuse, paid back by later callers: the
+    // documented window of a live change); `Rate::step` refuses a mixture whose sums do not
+    // fit rather than granting it.
     fn rate(&self) -> Rate {
         Rate {
             interval: self.inner.interval.load(Ordering::Relaxed),

@@ -46,7 +46,9 @@ impl RateLimiter {
 
     /// Changes the burst of a live limiter. The tokens available now stay what they were
     /// (x/time/rate's `SetBurst`): raising the burst frees nothing at once, the bucket just
-    /// fills higher; lowering it caps what is available at the new burst.
+    /// fills higher; lowering it caps what is available at the new burst. A check racing the
+    /// change on another thread may still be decided on the old settings (one grant beyond
+    /// the new cap per such check, paid back by later callers).
     ///
     /// # Panics
     ///
