@@ -329,10 +329,18 @@ where
         }
         let delay = policy.backoff(restarts + 1);
         tracing::debug!(task = %name, restart = restarts + 1, ?delay, "restarting task");
+        // A backoff too long to add to the clock (`Duration::MAX`) waits for the token
+        // alone: `sleep` would add it to `Instant::now()`, which overflows.
+        let until = Instant::now().checked_add(delay);
         tokio::select! {
             biased;
             () = token.cancelled() => return Err(RestartError::Cancelled { name, last }),
-            () = tokio::time::sleep(delay) => {}
+            () = async {
+                match until {
+                    Some(until) => tokio::time::sleep_until(until).await,
+                    None => std::future::pending().await,
+                }
+            } => {}
         }
         recent_restarts.push_back(Instant::now());
         supervisor.count_restart();

@@ -447,3 +447,34 @@ async fn an_output_whose_finished_future_panics_when_dropped_is_still_handed_on(
     );
     assert_no_leaked_tasks(baseline).await;
 }
+
+/// Panics when dropped if it holds 1.
+struct PanicsWhenDroppedAt1(u8);
+
+impl Drop for PanicsWhenDroppedAt1 {
+    fn drop(&mut self) {
+        assert!(self.0 != 1, "item dropped");
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_filter_whose_predicate_panics_on_an_item_whose_drop_panics_is_reported_not_an_abort() {
+    let baseline = alive_tasks();
+    let p = Pipeline::new(CancellationToken::new()).with_capacity(4);
+    let input = futures::stream::iter((0..3_u8).map(PanicsWhenDroppedAt1));
+    let mut out = input.spawn_filter(&p.named("filter"), |item| {
+        assert!(item.0 != 1, "predicate");
+        true
+    });
+    let kept: Vec<u8> = (&mut out).map(|item| item.0).collect().await;
+    assert_eq!(kept, [0]);
+    let panic = out
+        .end()
+        .and_then(StageEnd::panic)
+        .expect("the predicate's panic");
+    assert_eq!(
+        (panic.name().as_ref(), panic.message()),
+        ("filter", "predicate")
+    );
+    assert_no_leaked_tasks(baseline).await;
+}

@@ -77,6 +77,13 @@ impl<S: Stream> SharedInput<S> {
 
     /// Waits for this worker's turn; `None` when the watch's token is cancelled first or the
     /// input has ended.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future takes no turn. Whether a dropped wait that had been woken hands
+    /// that wake-up on to the next waiter is futures-util's code, not its documentation, so
+    /// the callers here drop it only when the watch's token is cancelled, when every worker
+    /// of the input stops anyway.
     pub async fn turn(&self, watch: &TokenWatch) -> Option<Turn<'_, S>> {
         let state = watch.run_until_cancelled(self.state.lock()).await?;
         (!state.ended).then_some(Turn { state })
@@ -90,6 +97,11 @@ impl<S: Stream> Turn<'_, S> {
     }
 
     /// Takes the next item, unless the watch's token is cancelled first.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: `StreamExt::next` loses no item when dropped, and the count of items
+    /// taken moves only when one is handed out.
     pub async fn next(&mut self, watch: &TokenWatch, name: &'static str) -> Next<S::Item> {
         let index = self.state.taken;
         let next = catch_panic(name, self.state.stream.next());

@@ -281,3 +281,35 @@ async fn an_error_whose_display_or_drop_panics_does_not_end_the_restart_loop() {
     // The error handed back is the user's to drop; keep the test process alive.
     std::mem::forget(outcome);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_backoff_too_long_for_the_clock_waits_for_the_shutdown_without_panicking() {
+    let supervisor = Supervisor::new(CancellationToken::new());
+    let runs = Arc::new(AtomicU32::new(0));
+    let task = supervisor
+        .spawn_restarting(
+            "never-again",
+            RestartPolicy::new(10, Duration::from_secs(60))
+                .with_backoff(Duration::MAX, Duration::MAX),
+            {
+                let runs = Arc::clone(&runs);
+                move |_token| {
+                    runs.fetch_add(1, Ordering::SeqCst);
+                    async { Err("unavailable") }
+                }
+            },
+        )
+        .unwrap();
+    tokio::time::advance(Duration::from_secs(3600 * 24 * 365)).await;
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        1,
+        "the backoff never ends by itself"
+    );
+    let report = supervisor.shutdown(Duration::from_secs(1)).await;
+    assert_eq!(report.failed, ["never-again"]);
+    assert!(matches!(
+        task.await.unwrap(),
+        Err(RestartError::Cancelled { .. })
+    ));
+}
