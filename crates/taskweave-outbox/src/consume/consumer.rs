@@ -101,6 +101,9 @@ pub struct Consumer {
     dead_letter: Option<DeadLetter>,
 }
 
+/// The longest startup timeout librdkafka takes: `i32::MAX` milliseconds.
+const MAX_STARTUP_TIMEOUT: Duration = Duration::from_millis(i32::MAX as u64);
+
 impl Consumer {
     /// A consumer in group `group` of `topics`, with [`config`](Self::config).
     #[must_use]
@@ -128,8 +131,12 @@ impl Consumer {
         config
     }
 
-    /// A consumer with your own settings (keep `enable.auto.commit=false`: an automatic
-    /// commit would commit messages not yet handled).
+    /// A consumer with your own settings. Keep `enable.auto.commit=false` and
+    /// `enable.auto.offset.store=false` (start from [`config`](Self::config)): librdkafka
+    /// stores each offset as the message is fetched, and an automatic commit (on its timer,
+    /// or of a revoked partition) would commit messages fetched but not yet handled, which
+    /// the next owner then skips. [`start`](Self::start) refuses a configuration that does
+    /// not set both to `false`.
     #[must_use]
     pub fn from_config<I, T>(config: ClientConfig, topics: I) -> Self
     where
@@ -216,10 +223,13 @@ impl Consumer {
         self
     }
 
-    /// How long [`start`](Self::start) waits for the brokers' answer (default 10 s).
+    /// How long [`start`](Self::start) waits for the brokers' answer (default 10 s; at most
+    /// `i32::MAX` milliseconds, about 24.8 days, librdkafka's limit: a longer one counts as
+    /// that).
     #[must_use]
     pub fn with_startup_timeout(mut self, timeout: Duration) -> Self {
-        self.startup_timeout = timeout;
+        // rdkafka converts the timeout to an `i32` of milliseconds with `as`, which wraps.
+        self.startup_timeout = timeout.min(MAX_STARTUP_TIMEOUT);
         self
     }
 
@@ -266,6 +276,20 @@ impl Consumer {
             return Err(ConsumeError::Invalid(
                 "Consumer: group.id is not set".into(),
             ));
+        }
+        // librdkafka's defaults are `true` for both: unset counts as on.
+        for setting in ["enable.auto.commit", "enable.auto.offset.store"] {
+            if !self
+                .config
+                .get(setting)
+                .is_some_and(|value| value.eq_ignore_ascii_case("false"))
+            {
+                return Err(ConsumeError::Invalid(format!(
+                    "Consumer: {setting} must be false (the consumer commits what it has handled; \
+                     an automatic commit would commit messages fetched but not yet handled): \
+                     start from Consumer::config"
+                )));
+            }
         }
         let counters = Arc::new(Counters::default());
         let workers = Arc::new(Workers {
@@ -392,4 +416,20 @@ fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
         .map(|s| (*s).to_owned())
         .or_else(|| payload.downcast_ref::<String>().cloned())
         .unwrap_or_else(|| "a non-string panic".to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_startup_timeout_past_librdkafkas_range_counts_as_its_longest() {
+        let consumer = Consumer::new("127.0.0.1:1", "g", ["t"]);
+        let far = consumer.with_startup_timeout(Duration::from_secs(30 * 24 * 3600));
+        assert_eq!(far.startup_timeout, MAX_STARTUP_TIMEOUT);
+        assert!(i32::try_from(far.startup_timeout.as_millis()).is_ok());
+        let near =
+            Consumer::new("127.0.0.1:1", "g", ["t"]).with_startup_timeout(Duration::from_secs(3));
+        assert_eq!(near.startup_timeout, Duration::from_secs(3));
+    }
 }

@@ -278,6 +278,10 @@ async fn handle<H: Handler>(
                 // Not started yet (or between retries): delivered again, like a queued one.
                 if failed > 0 {
                     abandon(workers, partition, offset, AbandonReason::Stopped, failed);
+                } else {
+                    // Never started: counted with the queued ones it was taken from
+                    // (`ConsumerReport::unstarted`).
+                    partition.queued.fetch_add(1, Ordering::Relaxed);
                 }
                 return false;
             }

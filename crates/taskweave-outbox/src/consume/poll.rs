@@ -65,17 +65,28 @@ impl PollLoop {
                 Some(Ok(message)) => {
                     self.route(&message);
                     // What else is ready already, without waiting: handed over together.
+                    // librdkafka raises a fatal error once: one met here stops the loop too.
+                    let mut fatal = None;
                     for _ in 1..BURST {
                         match self.consumer.poll(Duration::ZERO) {
                             Some(Ok(message)) => self.route(&message),
                             Some(Err(e)) => {
-                                tracing::warn!(consumer = %self.name, error = %e, "consumer error");
+                                if e.rdkafka_error_code() == Some(RDKafkaErrorCode::Fatal) {
+                                    fatal = Some(e);
+                                } else {
+                                    tracing::warn!(consumer = %self.name, error = %e, "consumer error");
+                                }
                                 break;
                             }
                             None => break,
                         }
                     }
                     self.flush();
+                    if let Some(e) = fatal {
+                        tracing::error!(consumer = %self.name, error = %e, "fatal consumer error: stopping");
+                        error = Some(e.to_string());
+                        break;
+                    }
                 }
                 Some(Err(e)) => {
                     if e.rdkafka_error_code() == Some(RDKafkaErrorCode::Fatal) {

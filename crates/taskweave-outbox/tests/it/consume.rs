@@ -607,6 +607,35 @@ async fn start_refuses_unreachable_brokers_and_unknown_topics_clearly() {
         .await
         .unwrap_err();
     assert!(matches!(none, ConsumeError::Invalid(_)), "{none}");
+    // A configuration that would let librdkafka commit by itself: refused before anything
+    // is fetched.
+    for (setting, value) in [
+        ("enable.auto.commit", "true"),
+        ("enable.auto.offset.store", "true"),
+    ] {
+        let mut config = Consumer::config(&kafka_brokers(), "g");
+        config.set(setting, value);
+        let refused = Consumer::from_config(config, [missing.as_str()])
+            .start(CancellationToken::new(), |_m: Received| async { Ok(()) })
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&refused, ConsumeError::Invalid(why) if why.contains(setting)),
+            "{refused}"
+        );
+    }
+    let mut unset = rdkafka::ClientConfig::new();
+    unset
+        .set("bootstrap.servers", kafka_brokers())
+        .set("group.id", "g");
+    let refused = Consumer::from_config(unset, [missing.as_str()])
+        .start(CancellationToken::new(), |_m: Received| async { Ok(()) })
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&refused, ConsumeError::Invalid(why) if why.contains("enable.auto.commit")),
+        "librdkafka's defaults commit by themselves: {refused}"
+    );
 }
 
 /// Produces `payloads` to one partition of `topic`, with event ids.

@@ -6,9 +6,11 @@ use std::time::Duration;
 
 use sqlx::{AssertSqlSafe, Row};
 use taskweave_outbox::{
-    Batch, ClaimLimits, EnqueueError, Event, InvalidEvent, Limits, PgStore, Schema, Store,
-    StoreError, migrate,
+    Batch, ClaimLimits, EnqueueError, Event, InvalidEvent, Limits, MemoryPublisher, PgStore, Relay,
+    Schema, StopReason, Store, StoreError, migrate,
 };
+
+use tokio_util::sync::CancellationToken;
 
 use crate::support::{fresh_store, pool, pool_named, unique_name};
 
@@ -527,6 +529,61 @@ async fn an_unreadable_row_holds_back_its_key_only() {
         .map(|r| r.payload.as_slice())
         .collect();
     assert_eq!(payloads, [b"3".as_slice()], "only the other key is read");
+    // Completing the batch parks the unreadable row, with its reason, for an operator.
+    let id = batch.records()[0].id;
+    batch.commit(vec![id]).await.unwrap();
+    let parked = store.parked(10).await.unwrap();
+    assert_eq!(parked.len(), 1);
+    assert_eq!(parked[0].key, b"bad");
+    assert!(
+        parked[0]
+            .last_error
+            .as_deref()
+            .is_some_and(|error| error.contains("unreadable")),
+        "{:?}",
+        parked[0].last_error
+    );
+}
+
+/// A key with more unreadable-blocked rows than a claim reads must not fill every claim of
+/// its bucket: its first row is parked at the first batch, and the other keys of the bucket
+/// go out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_behind_an_unreadable_row_never_starves_its_bucket() {
+    let store = fresh_store(1, 4).await;
+    let mut events: Vec<Event> = (0..6).map(|n| Event::new("t", "bad", vec![n])).collect();
+    events.extend((0..3).map(|n| Event::new("t", format!("good-{n}"), vec![n])));
+    crate::support::commit_each(&store, events).await;
+    sqlx::query(AssertSqlSafe(format!(
+        "UPDATE {} SET headers = '\\xffffffff' WHERE id = (SELECT min(id) FROM {})",
+        store.schema().events_table(),
+        store.schema().events_table()
+    )))
+    .execute(store.pool())
+    .await
+    .unwrap();
+    let publisher = MemoryPublisher::new();
+    let report = Relay::new(store.clone(), publisher.clone())
+        .with_batch_size(4)
+        .drain(
+            CancellationToken::new(),
+            tokio::time::Instant::now() + Duration::from_secs(30),
+        )
+        .await;
+    let mut keys: Vec<Vec<u8>> = publisher
+        .published()
+        .into_iter()
+        .map(|record| record.key)
+        .collect();
+    keys.sort();
+    assert_eq!(
+        keys,
+        [b"good-0".to_vec(), b"good-1".to_vec(), b"good-2".to_vec()],
+        "{report}"
+    );
+    assert!(matches!(report.stopped, StopReason::Drained), "{report}");
+    let parked = store.parked(10).await.unwrap();
+    assert_eq!((parked.len(), parked[0].key.as_slice()), (1, &b"bad"[..]));
 }
 
 /// The plan of `statement`, with its parameters bound by `bind`.

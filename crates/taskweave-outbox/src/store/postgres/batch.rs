@@ -21,6 +21,8 @@ pub struct PgBatch {
     pub(super) conn: Guarded,
     pub(super) store: Arc<Inner>,
     pub(super) records: Vec<OutboxRecord>,
+    /// Claimed rows that could not be read back: parked with the batch's completion.
+    pub(super) unreadable: Vec<FailedAttempt>,
 }
 
 impl Batch for PgBatch {
@@ -31,11 +33,12 @@ impl Batch for PgBatch {
     async fn complete(
         mut self,
         dispatched: Vec<i64>,
-        failed: Vec<FailedAttempt>,
+        mut failed: Vec<FailedAttempt>,
     ) -> Result<(), StoreError> {
         if !self.conn.in_transaction() {
             return Ok(());
         }
+        failed.append(&mut self.unreadable);
         if dispatched.is_empty() && failed.is_empty() {
             self.conn.rollback().await?;
             return Ok(());

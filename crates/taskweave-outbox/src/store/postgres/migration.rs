@@ -16,9 +16,11 @@ pub(super) const LATEST_VERSION: i32 = 2;
 /// the schema version now in place. Idempotent, and safe to run from every instance at
 /// start-up: concurrent runs wait on one advisory lock, and one transaction does all of it.
 ///
-/// How many buckets: at least the most relays you will run at once times four, so relays
-/// share the work evenly; 64 suits up to 16 relays. The count cannot change later (every
-/// row stores its bucket).
+/// How many buckets: at least the most relays you will run at once times the buckets one
+/// batch claims (`Relay::with_buckets_per_batch`, 16 by default), so that every relay finds
+/// buckets free: 64 suits up to four relays with the defaults, 256 up to sixteen (or 64 with
+/// `with_buckets_per_batch(4)`). The count cannot change later (every row stores its
+/// bucket).
 ///
 /// # Errors
 ///

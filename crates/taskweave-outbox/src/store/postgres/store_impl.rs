@@ -19,6 +19,7 @@ use crate::bucket::bucket_of;
 use crate::error::StoreError;
 use crate::event::EventId;
 use crate::nudge::Nudge;
+use crate::retry::{FailedAttempt, NextAttempt};
 use crate::store::{ClaimLimits, OutboxStats, ParkedEvent, Store};
 
 /// The server-side bound of [`Store::stats`].
@@ -67,6 +68,7 @@ impl Store for PgStore {
                 conn,
                 store: Arc::clone(&self.inner),
                 records: Vec::new(),
+                unreadable: Vec::new(),
             });
         }
         let rows: Vec<PgRow> = sqlx::query(sql(&self.inner.sql.claim_events))
@@ -75,21 +77,29 @@ impl Store for PgStore {
             .fetch_all(conn.get())
             .await?;
         // A row that cannot be read back (headers written by hand, say) holds back its key
-        // only, like a failing event: it and the key's later rows stay pending, logged, and
-        // every other key flows.
-        let mut unreadable: HashSet<Vec<u8>> = HashSet::new();
+        // only, like a failing event: it is parked when the batch completes (so the claim's
+        // held-key rules take it and the key's later rows out of the way, and an operator
+        // sees it in `parked`), and every other key flows. Left pending, a key with a
+        // batch's worth of rows behind it would fill every claim of its bucket.
+        let mut unreadable_keys: HashSet<Vec<u8>> = HashSet::new();
+        let mut unreadable = Vec::new();
         let mut records = Vec::with_capacity(rows.len());
         for row in &rows {
             let key: Vec<u8> = row.try_get("key")?;
-            if unreadable.contains(&key) {
+            if unreadable_keys.contains(&key) {
                 continue;
             }
             match record_of(row) {
                 Ok(record) => records.push(record),
                 Err(error) => {
-                    let id: Option<i64> = row.try_get("id").ok();
-                    tracing::error!(id, %error, "unreadable outbox row: it and the later events of its key stay pending");
-                    unreadable.insert(key);
+                    let id: i64 = row.try_get("id")?;
+                    tracing::error!(id, %error, "unreadable outbox row: parked; the later events of its key wait behind it");
+                    unreadable.push(FailedAttempt {
+                        id,
+                        error: format!("unreadable row: {error}"),
+                        next: NextAttempt::Park,
+                    });
+                    unreadable_keys.insert(key);
                 }
             }
         }
@@ -97,6 +107,7 @@ impl Store for PgStore {
             conn,
             store: Arc::clone(&self.inner),
             records,
+            unreadable,
         })
     }
 
