@@ -238,10 +238,12 @@ pub trait Store: Send + Sync + 'static {
     /// As [`retry_parked`](Self::retry_parked).
     fn purge_parked(&self, id: i64) -> impl Future<Output = Result<bool, StoreError>> + Send;
 
-    /// Keeps the events behind held keys out of the claim's way: takes out those written
-    /// since behind a key held long, and makes claimable again up to `limit` events, per
-    /// key, that waited behind a failed event that is gone (dispatched, retried or purged);
-    /// returns how many it made claimable again.
+    /// Keeps the events behind held keys out of the claim's way: makes claimable again up to
+    /// `limit` events in all (each key's oldest first) that waited behind a failed event
+    /// that is gone (dispatched, retried or purged), and takes out those written since
+    /// behind a key held long; returns how many it made claimable again. Bounded by `limit`
+    /// however many keys recovered, so that each call makes progress: call it again while
+    /// it returns more than zero.
     /// The relay calls it after a batch that delivered an event that had failed, and at
     /// least every second; a store that keeps no such state (the in-memory one) does
     /// nothing.

@@ -636,6 +636,48 @@ async fn a_batch_held_past_its_hold_time_is_cut_off_by_the_server() {
     assert_eq!(store.pending().await.unwrap(), 0);
 }
 
+/// Releasing waiting events is bounded in all, not per key, so that a call makes progress
+/// under its statement timeout however many keys recovered at once; repeated calls release
+/// the rest.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_of_waiting_events_is_bounded_in_all_and_finishes_over_calls() {
+    let store = fresh_store(1, 6).await;
+    let events = store.schema().events_table();
+    // Three keys with five waiting events each and no failed event ahead of them.
+    for key in ["a", "b", "c"] {
+        for _ in 0..5 {
+            sqlx::query(AssertSqlSafe(format!(
+                "INSERT INTO {events} (event_id, bucket, topic, key, payload, headers, waiting)
+                 VALUES (gen_random_uuid(), 0, 'orders', '{key}', 'x', '\\x00000000', true)"
+            )))
+            .execute(store.pool())
+            .await
+            .unwrap();
+        }
+    }
+    let mut calls = Vec::new();
+    loop {
+        let released = store.release_held_back(4).await.unwrap();
+        if released == 0 {
+            break;
+        }
+        calls.push(released);
+        assert!(calls.len() < 10, "never finished: {calls:?}");
+    }
+    assert_eq!(
+        calls,
+        [4, 4, 4, 3],
+        "at most the limit per call, all in the end"
+    );
+    let waiting: i64 = sqlx::query_scalar(AssertSqlSafe(format!(
+        "SELECT count(*) FROM {events} WHERE waiting"
+    )))
+    .fetch_one(store.pool())
+    .await
+    .unwrap();
+    assert_eq!(waiting, 0);
+}
+
 /// A parked key's later events wait outside the claim's index (they are never walked), are
 /// counted as behind the parked one, and go out in order once it is purged; a waiting
 /// event whose key has no failed event left (a writer that raced the relay) is released.

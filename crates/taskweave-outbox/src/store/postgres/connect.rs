@@ -207,8 +207,11 @@ impl PgStore {
                 1,
             )
             .into(),
-            // Up to `$1` waiting rows of each key with no failed row left, oldest first,
-            // back into the claim's index.
+            // Up to `$1` waiting rows in all, of keys with no failed row left, each key's
+            // oldest first, back into the claim's index: bounded however many keys are
+            // free, so that every call (under its statement timeout) makes progress. A row
+            // released ahead of an older one of its key is still held behind it by the
+            // claim's probes.
             release: format!(
                 "{free_keys}
                  UPDATE {events} u SET waiting = false
@@ -218,6 +221,7 @@ impl PgStore {
                          WHERE w.bucket = f.bucket AND w.key = f.key AND w.dispatched_at IS NULL AND w.waiting
                          ORDER BY w.id LIMIT $1
                      ) x
+                     LIMIT $1
                  )"
             )
             .into(),
@@ -372,6 +376,7 @@ fn mark_behind(events: &str, heads: &str, limit: u8) -> String {
                  ORDER BY w.id LIMIT ${limit}
              ) w
              WHERE {heads}
+             LIMIT ${limit}
          )"
     )
 }

@@ -200,8 +200,16 @@ impl Store for PgStore {
 
     async fn release_held_back(&self, limit: u32) -> Result<u64, StoreError> {
         let mut conn = Guarded::new(self.inner.pool.acquire().await?);
-        // Mark first (best effort: rows left ready are skipped by the claim's probes), then
-        // release.
+        // Release first: the keys that recovered depend on it, and a slow mark (many keys
+        // held over a deep backlog) must not use up the call's time before it runs. Then
+        // mark (best effort: rows left ready are skipped by the claim's probes).
+        let released = bounded(
+            &mut conn,
+            &self.inner.sql.release,
+            MAINTENANCE_TIMEOUT,
+            |query| query.bind(i64::from(limit)),
+        )
+        .await?;
         if let Err(error) = bounded(
             &mut conn,
             &self.inner.sql.mark_long_held,
@@ -211,15 +219,8 @@ impl Store for PgStore {
         .await
         {
             tracing::debug!(%error, "outbox could not mark the events written behind a held key waiting");
-            conn = Guarded::new(self.inner.pool.acquire().await?);
         }
-        Ok(bounded(
-            &mut conn,
-            &self.inner.sql.release,
-            MAINTENANCE_TIMEOUT,
-            |query| query.bind(i64::from(limit)),
-        )
-        .await?)
+        Ok(released)
     }
 
     async fn delete_dispatched(&self, older_than: Duration, limit: u32) -> Result<u64, StoreError> {
