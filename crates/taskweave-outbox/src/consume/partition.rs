@@ -183,6 +183,18 @@ impl Partition {
         (offset > self.sent.load(Ordering::Relaxed)).then_some(offset)
     }
 
+    /// The coordinator's answer to a commit of `offset`: confirmed, or refused, in which case
+    /// the next periodic commit sends the partition's offset again (one sent later and
+    /// still unanswered is sent again too: a duplicate commit, harmless).
+    pub(crate) fn commit_answered(&self, offset: i64, confirmed: bool) {
+        if confirmed {
+            self.committed.fetch_max(offset, Ordering::Relaxed);
+        } else {
+            self.sent
+                .fetch_min(self.committed.load(Ordering::Relaxed), Ordering::Relaxed);
+        }
+    }
+
     /// Gives up on the message in flight, if any: returns its offset, and no commit of this
     /// partition passes it from now on (even if its handler finishes after all).
     pub(crate) fn give_up(&self) -> Option<i64> {
@@ -438,5 +450,28 @@ mod tests {
             // Still retrying: the backoff after one failure.
             assert!(retry_delay(&policy, offset, 1, false) <= Duration::from_millis(200));
         }
+    }
+
+    #[test]
+    fn a_refused_commit_is_sent_again_and_a_confirmed_one_counts_as_committed() {
+        let (partition, _queue) = Partition::new("t", 0);
+        partition.handled.store(5, Ordering::Relaxed);
+        assert_eq!(partition.to_send(), Some(5));
+        partition.sent.store(5, Ordering::Relaxed);
+        assert_eq!(partition.to_send(), None, "sent, nothing new");
+        // Refused later by the coordinator: the idle partition sends it again.
+        partition.commit_answered(5, false);
+        assert_eq!(partition.to_send(), Some(5));
+        partition.sent.store(5, Ordering::Relaxed);
+        partition.commit_answered(5, true);
+        assert_eq!(partition.committed.load(Ordering::Relaxed), 5);
+        assert_eq!(
+            partition.to_commit(),
+            None,
+            "confirmed: a revocation has nothing to send"
+        );
+        // A late refusal of an older commit does not undo a newer confirmation.
+        partition.commit_answered(3, false);
+        assert_eq!(partition.to_send(), None);
     }
 }

@@ -3,11 +3,12 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, TryLockError};
 use std::time::Duration;
 
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer as _, ConsumerContext, Rebalance};
-use rdkafka::{ClientContext, TopicPartitionList};
+use rdkafka::error::KafkaResult;
+use rdkafka::{ClientContext, Offset, TopicPartitionList};
 
 use super::commit::commit;
 use super::control::{Control, after};
@@ -159,6 +160,31 @@ impl ConsumerContext for Context {
     fn post_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
         if let Rebalance::Assign(list) = rebalance {
             self.books.assign(consumer, list);
+        }
+    }
+
+    /// The coordinator's answer to a commit (an asynchronous one returns before it): a
+    /// refusal is logged and its partitions' offsets are sent again by the next periodic
+    /// commit, also on a partition that handles nothing more meanwhile.
+    fn commit_callback(&self, result: KafkaResult<()>, offsets: &TopicPartitionList) {
+        if let Err(error) = &result {
+            tracing::warn!(%error, "offset commit refused by the coordinator; the next commit sends it again");
+        }
+        // Served inside `poll`; a callback served while this thread holds the lock (inside
+        // a rebalance) leaves the bookkeeping to the next commit, which sends again at worst.
+        let partitions = match self.books.partitions.try_lock() {
+            Ok(partitions) => partitions,
+            Err(TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
+            Err(TryLockError::WouldBlock) => return,
+        };
+        for element in offsets.elements() {
+            let Offset::Offset(offset) = element.offset() else {
+                continue;
+            };
+            let key = (element.topic().to_owned(), element.partition());
+            if let Some(partition) = partitions.get(&key) {
+                partition.commit_answered(offset, result.is_ok() && element.error().is_ok());
+            }
         }
     }
 }

@@ -44,7 +44,9 @@ pub struct ConsumerMetrics {
     /// coordinator's answer) or confirmed (at a revocation and at the stop). Each covers
     /// every partition that moved.
     pub commits: u64,
-    /// Offset commits refused (the next one covers them).
+    /// Offset commits that failed when made (the next one covers them). A periodic commit
+    /// the coordinator refuses later is logged at warn and sent again by the next periodic
+    /// commit; it is not counted here.
     pub commit_failures: u64,
     /// Partitions assigned, summed over rebalances.
     pub assigned: u64,
