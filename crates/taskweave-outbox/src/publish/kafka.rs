@@ -19,6 +19,10 @@ use crate::publish::Publisher;
 /// How long `send` waits between tries while librdkafka's local queue is full.
 const QUEUE_FULL_BACKOFF: Duration = Duration::from_millis(2);
 
+/// The longest flush: `i32::MAX` milliseconds (about 24.8 days), what librdkafka takes
+/// (rdkafka converts a longer one with a wrapping `as`).
+const FLUSH_MAX: Duration = Duration::from_millis(i32::MAX as u64);
+
 /// Publishes outbox records to Kafka with an idempotent producer.
 ///
 /// [`KafkaPublisher::config`] gives the settings the outbox's guarantees rest on, and
@@ -139,30 +143,36 @@ impl KafkaPublisher {
         self.current.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// The producer to send with, once a replaced one has nothing left in flight.
-    async fn sending_producer(&self) -> FutureProducer {
-        loop {
-            let ready = {
-                let mut current = self.lock();
-                let draining = current
-                    .previous
-                    .as_ref()
-                    .is_some_and(|previous| previous.in_flight_count() > 0);
-                (!draining).then(|| (current.producer.clone(), current.previous.take()))
-            };
-            match ready {
-                Some((producer, retired)) => {
-                    if let Some(retired) = retired {
-                        retire(retired);
-                    }
-                    return producer;
-                }
-                // Bounded by the old producer's `message.timeout.ms`, and by the relay's
-                // publish deadline.
-                None => tokio::time::sleep(DRAIN_BACKOFF).await,
-            }
+    /// Hands `message` to the current producer, under the lock a `recover` swaps the
+    /// producer under (`send_result` only enqueues, it never blocks): a send made before a
+    /// swap is on the old producer before the new one exists, and one made after waits
+    /// until the old one has nothing in flight. So no message of the old producer lands
+    /// after one of the new. `Wait` hands the message back while the old one drains.
+    fn send_now<'a>(&self, message: Message<'a>) -> SendNow<'a> {
+        let mut current = self.lock();
+        if current
+            .previous
+            .as_ref()
+            .is_some_and(|previous| previous.in_flight_count() > 0)
+        {
+            return SendNow::Wait(message);
         }
+        let retired = current.previous.take();
+        let sent = current.producer.send_result(message);
+        drop(current);
+        if let Some(retired) = retired {
+            retire(retired);
+        }
+        SendNow::Sent(sent)
     }
+}
+
+type Message<'a> = FutureRecord<'a, [u8], [u8]>;
+
+/// What [`KafkaPublisher::send_now`] did with a message.
+enum SendNow<'a> {
+    Sent(Result<DeliveryFuture, (KafkaError, Message<'a>)>),
+    Wait(Message<'a>),
 }
 
 /// Drops a producer off the async threads: librdkafka's destroy blocks its thread.
@@ -199,34 +209,50 @@ impl Publisher for KafkaPublisher {
                 value: Some(value.as_slice()),
             });
         }
-        let mut producer = self.sending_producer().await;
-        let mut message = FutureRecord::to(&record.topic)
+        let mut message: Message<'_> = FutureRecord::to(&record.topic)
             .key(record.key.as_slice())
             .payload(record.payload.as_slice())
             .headers(headers);
         loop {
-            match producer.send_result(message) {
-                Ok(delivery) => return Ok(KafkaDelivery { inner: delivery }),
-                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back)) => {
+            match self.send_now(message) {
+                SendNow::Sent(Ok(delivery)) => return Ok(KafkaDelivery { inner: delivery }),
+                SendNow::Sent(Err((
+                    KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull),
+                    back,
+                ))) => {
                     // The local queue drains as acknowledgements come in; the relay bounds
                     // the wait with its batch budget.
                     message = back;
                     tokio::time::sleep(QUEUE_FULL_BACKOFF).await;
-                    // A recover meanwhile: the new producer, once the old one is empty.
-                    producer = self.sending_producer().await;
                 }
-                Err((error, _)) => return Err(classify(&error)),
+                SendNow::Sent(Err((error, _))) => return Err(classify(&error)),
+                // A replaced producer still has records in flight. Bounded by its
+                // `message.timeout.ms`, and by the relay's publish deadline.
+                SendNow::Wait(back) => {
+                    message = back;
+                    tokio::time::sleep(DRAIN_BACKOFF).await;
+                }
             }
         }
     }
 
     async fn flush(&self, timeout: Duration) -> Result<(), PublishError> {
-        let producer = self.producer();
+        // A replaced producer still draining holds records handed over too.
+        let (producer, previous) = {
+            let current = self.lock();
+            (current.producer.clone(), current.previous.clone())
+        };
         // librdkafka's flush blocks its thread.
-        tokio::task::spawn_blocking(move || producer.flush(timeout))
-            .await
-            .map_err(|error| PublishError::retriable(format!("flush task failed: {error}")))?
-            .map_err(|error| classify(&error))
+        tokio::task::spawn_blocking(move || {
+            let deadline = std::time::Instant::now() + timeout.min(FLUSH_MAX);
+            if let Some(previous) = previous {
+                previous.flush(deadline.saturating_duration_since(std::time::Instant::now()))?;
+            }
+            producer.flush(deadline.saturating_duration_since(std::time::Instant::now()))
+        })
+        .await
+        .map_err(|error| PublishError::retriable(format!("flush task failed: {error}")))?
+        .map_err(|error| classify(&error))
     }
 
     async fn recover(&self) -> bool {
