@@ -269,9 +269,9 @@ where
             Ok((lane, outcome)) => (Some(lane), outcome),
             Err(error) => {
                 // The call ended without returning its lane: tokio aborted it (its runtime
-                // shutting down), perhaps with a panic from its future's destructor, or a
-                // panic escaped the catch (a `tracing` subscriber panicking while the caught
-                // panic is logged). Reported against its item rather than leave the item
+                // shutting down; a panic of its future's destructor is caught and logged
+                // inside the drop), or a panic escaped the catch (a `tracing` subscriber
+                // panicking while the caught panic is logged). Reported against its item rather than leave the item
                 // looking unstarted. (A destructor that panics after the call returned is
                 // inside the catch: the call comes back `Panicked`, with its lane.)
                 let lane = lanes.find(error.id());

@@ -104,6 +104,10 @@ pin_project! {
                 drop_payload(payload);
                 log_panic(&error, "dropping the unfinished task panicked: caught");
             }
+            // A panic the destructor caught itself.
+            if let Some(site) = take_any_site() {
+                log_site(this.name, &site, "a panic was caught while dropping the task");
+            }
         }
     }
 }
@@ -126,6 +130,8 @@ impl<F> CatchPanic<F> {
     /// Does not log the panic: the caller takes over that duty, typically to log it with
     /// context the name cannot carry cheaply (a job's index). A caught panic that is neither
     /// logged here nor by the caller is a silent panic, which this crate exists to prevent.
+    /// The panics it never returns (a second one from the panicked future's destructor, one
+    /// caught inside the future, one from dropping it unfinished) are still logged here.
     ///
     /// # Examples
     ///
@@ -184,6 +190,14 @@ impl<F: Future> Future for CatchPanic<F> {
                     let second = panic_error(this.name.clone(), payload.as_ref());
                     drop_payload(payload);
                     log_panic(&second, "dropping the panicked task's future panicked too");
+                }
+                // A panic the destructor caught itself.
+                if let Some(site) = take_any_site() {
+                    log_site(
+                        this.name,
+                        &site,
+                        "a panic was caught while dropping the task",
+                    );
                 }
                 Err(error)
             }
@@ -352,13 +366,12 @@ fn panic_error(name: TaskName, payload: &(dyn std::any::Any + Send)) -> PanicErr
 /// unless user code caught a panic of its own in between and this one skipped the hook
 /// (`resume_unwind`): the message tells them apart.
 fn take_site(message: &str) -> Option<PanicSite> {
-    LAST_PANIC
-        .with(|slot| slot.borrow_mut().take())
-        .filter(|site| {
-            site.message
-                .as_deref()
-                .is_none_or(|recorded| recorded == message)
-        })
+    // `try_with`: reached from `drop_caught`, which may run during thread-local teardown.
+    take_any_site().filter(|site| {
+        site.message
+            .as_deref()
+            .is_none_or(|recorded| recorded == message)
+    })
 }
 
 /// The payload's text, when it is a `&str` or a `String` (what `panic!` produces).
@@ -395,6 +408,17 @@ pub(crate) fn drop_caught<T>(name: &TaskName, value: T) {
         let error = panic_error(name.clone(), payload.as_ref());
         drop_payload(payload);
         log_panic(&error, "a value's Drop panicked: caught");
+    }
+}
+
+/// [`drop_caught`] for a value dropped while another panic is on its way (caught, to be
+/// resumed): that panic's recorded site is kept for the catch that reports it, instead of
+/// being replaced by the site of a panic of the value's `Drop`.
+pub(crate) fn drop_caught_keeping_site<T>(name: &TaskName, value: T) {
+    let saved = take_any_site();
+    drop_caught(name, value);
+    if let Some(site) = saved {
+        let _ = LAST_PANIC.try_with(|slot| *slot.borrow_mut() = Some(site));
     }
 }
 

@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex, TryLockError};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer as _, ConsumerContext, Rebalance};
@@ -170,13 +170,9 @@ impl ConsumerContext for Context {
         if let Err(error) = &result {
             tracing::warn!(%error, "offset commit refused by the coordinator; the next commit sends it again");
         }
-        // Served inside `poll`; a callback served while this thread holds the lock (inside
-        // a rebalance) leaves the bookkeeping to the next commit, which sends again at worst.
-        let partitions = match self.books.partitions.try_lock() {
-            Ok(partitions) => partitions,
-            Err(TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
-            Err(TryLockError::WouldBlock) => return,
-        };
+        // Served inside `poll`, which is never called with this lock held (`assign` and
+        // `revoke` release it before they call into librdkafka).
+        let partitions = lock(&self.books.partitions);
         for element in offsets.elements() {
             let Offset::Offset(offset) = element.offset() else {
                 continue;

@@ -224,8 +224,9 @@ impl PanicError {
     /// The backtrace captured at the panic site.
     ///
     /// Its [`status`](Backtrace::status) is `Disabled` when the panic site could not be
-    /// observed: a panic re-raised with `resume_unwind`, a panic in a task's `Drop` caught by
-    /// tokio, or a panic hook installed by the application after ours (see
+    /// observed: a panic re-raised with `resume_unwind`, a panic tokio caught instead of us
+    /// (a `tracing` subscriber that panicked while a caught panic was logged), or a panic
+    /// hook installed by the application after ours (see
     /// [`catch_panic`](crate::catch_panic)).
     pub fn backtrace(&self) -> &Backtrace {
         &self.details.backtrace

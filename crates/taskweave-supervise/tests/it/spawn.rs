@@ -114,3 +114,29 @@ async fn awaiting_a_handle_is_cancel_safe() {
 fn spawn_outside_a_runtime_panics() {
     drop(spawn("nowhere", async {}));
 }
+
+#[tokio::test]
+async fn a_panic_an_aborted_tasks_destructor_catches_itself_is_logged_under_its_name() {
+    struct CatchesInDrop;
+    impl Drop for CatchesInDrop {
+        fn drop(&mut self) {
+            let caught = std::panic::catch_unwind(|| panic!("caught in drop"));
+            assert!(caught.is_err());
+        }
+    }
+    let logs = LogCapture::global();
+    let task = spawn("drop-catcher", async {
+        let guard = CatchesInDrop;
+        std::future::pending::<()>().await;
+        drop(guard);
+    });
+    tokio::task::yield_now().await;
+    task.abort();
+    assert!(matches!(task.await, Err(TaskError::Aborted { .. })));
+    let logged = logs.lines_with("drop-catcher");
+    assert!(
+        logged.contains("a panic was caught while dropping the task")
+            && logged.contains("caught in drop"),
+        "{logged}"
+    );
+}

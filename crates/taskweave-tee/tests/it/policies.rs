@@ -498,4 +498,11 @@ async fn a_value_whose_clone_and_drop_both_panic_ends_the_tee_without_an_abort()
     assert_eq!((&mut second).map(|v| v.0).collect::<Vec<_>>().await, [0]);
     let panic = second.panic().expect("the clone's panic ends the tee");
     assert_eq!(panic.message(), "clone exploded");
+    assert!(
+        panic
+            .location()
+            .is_some_and(|at| at.contains("tests/it/policies.rs")),
+        "the clone's own site, not the Drop's: {:?}",
+        panic.location()
+    );
 }
