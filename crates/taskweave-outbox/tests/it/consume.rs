@@ -831,14 +831,7 @@ async fn an_inbox_future_dropped_halfway_never_returns_its_connection_inside_a_t
         // when it notices, a moment later. One handed back to the pool stays for good.
         let start = std::time::Instant::now();
         loop {
-            let in_transaction: i64 = sqlx::query_scalar(
-                "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 AND state LIKE 'idle in transaction%'",
-            )
-            .bind(&name)
-            .fetch_one(&observer)
-            .await
-            .unwrap();
-            if in_transaction == 0 {
+            if crate::support::sessions_in_transaction(&observer, &name).await == 0 {
                 break;
             }
             assert!(

@@ -465,13 +465,7 @@ async fn a_batch_dropped_halfway_never_returns_its_connection_inside_a_transacti
         let _ = tokio::time::timeout(Duration::from_micros(1), claim).await;
     }
     // No session of this pool sits inside a transaction (the pool's one connection among them).
-    let in_transaction: i64 = sqlx::query_scalar(
-        "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 AND state LIKE 'idle in transaction%'",
-    )
-    .bind(&name)
-    .fetch_one(&observer)
-    .await
-    .unwrap();
+    let in_transaction = crate::support::sessions_in_transaction(&observer, &name).await;
     assert_eq!(
         in_transaction, 0,
         "a pooled connection was left inside a transaction"
@@ -513,15 +507,7 @@ async fn an_unreadable_row_holds_back_its_key_only() {
         ],
     )
     .await;
-    // Corrupt the first row's headers behind the outbox's back.
-    sqlx::query(AssertSqlSafe(format!(
-        "UPDATE {} SET headers = '\\xffffffff' WHERE id = (SELECT min(id) FROM {})",
-        store.schema().events_table(),
-        store.schema().events_table()
-    )))
-    .execute(store.pool())
-    .await
-    .unwrap();
+    corrupt_first_row(&store).await;
     let batch = store.claim(limits()).await.expect("the claim still works");
     let payloads: Vec<&[u8]> = batch
         .records()
@@ -545,6 +531,17 @@ async fn an_unreadable_row_holds_back_its_key_only() {
     );
 }
 
+/// Corrupts the first row's headers behind the outbox's back.
+async fn corrupt_first_row(store: &PgStore) {
+    let events = store.schema().events_table();
+    sqlx::query(AssertSqlSafe(format!(
+        "UPDATE {events} SET headers = '\\xffffffff' WHERE id = (SELECT min(id) FROM {events})"
+    )))
+    .execute(store.pool())
+    .await
+    .unwrap();
+}
+
 /// A key with more unreadable-blocked rows than a claim reads must not fill every claim of
 /// its bucket: its first row is parked at the first batch, and the other keys of the bucket
 /// go out.
@@ -554,14 +551,7 @@ async fn a_key_behind_an_unreadable_row_never_starves_its_bucket() {
     let mut events: Vec<Event> = (0..6).map(|n| Event::new("t", "bad", vec![n])).collect();
     events.extend((0..3).map(|n| Event::new("t", format!("good-{n}"), vec![n])));
     crate::support::commit_each(&store, events).await;
-    sqlx::query(AssertSqlSafe(format!(
-        "UPDATE {} SET headers = '\\xffffffff' WHERE id = (SELECT min(id) FROM {})",
-        store.schema().events_table(),
-        store.schema().events_table()
-    )))
-    .execute(store.pool())
-    .await
-    .unwrap();
+    corrupt_first_row(&store).await;
     let publisher = MemoryPublisher::new();
     let report = Relay::new(store.clone(), publisher.clone())
         .with_batch_size(4)

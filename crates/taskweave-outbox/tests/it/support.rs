@@ -106,6 +106,18 @@ pub(crate) async fn pool_with(
         })
 }
 
+/// How many sessions of the pool named `application_name` sit inside a transaction, as
+/// `observer` (another pool) sees them.
+pub(crate) async fn sessions_in_transaction(observer: &PgPool, application_name: &str) -> i64 {
+    sqlx::query_scalar(
+        "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 AND state LIKE 'idle in transaction%'",
+    )
+    .bind(application_name)
+    .fetch_one(observer)
+    .await
+    .unwrap()
+}
+
 /// A schema name no other test (or test run) uses.
 pub(crate) fn unique_name(prefix: &str) -> String {
     static NEXT: AtomicU32 = AtomicU32::new(0);

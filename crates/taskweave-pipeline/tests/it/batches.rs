@@ -25,6 +25,21 @@ async fn eventually(what: &str, mut done: impl FnMut() -> bool) {
     assert!(waited.is_ok(), "never happened: {what}");
 }
 
+/// Asserts that `out`'s stage ended with a panic of `stage` saying `message`; returns it.
+fn assert_stage_panicked<T>(
+    out: &taskweave_pipeline::Stage<T>,
+    stage: &str,
+    message: &str,
+) -> taskweave_pipeline::PanicError {
+    let panic = out
+        .end()
+        .and_then(StageEnd::panic)
+        .expect("the stage ended with a panic")
+        .clone();
+    assert_eq!((panic.name().as_ref(), panic.message()), (stage, message));
+    panic
+}
+
 #[tokio::test(start_paused = true)]
 async fn room_comes_back_with_each_item_the_consumer_takes_not_with_each_batch() {
     let p = Pipeline::new(CancellationToken::new()).with_capacity(4);
@@ -337,11 +352,7 @@ async fn a_step_panic_with_an_input_whose_drop_panics_too_is_reported_not_an_abo
         n
     });
     assert_eq!((&mut out).collect::<Vec<_>>().await, [0]);
-    let panic = out
-        .end()
-        .and_then(StageEnd::panic)
-        .expect("the step's panic");
-    assert_eq!((panic.name().as_ref(), panic.message()), ("mapper", "step"));
+    assert_stage_panicked(&out, "mapper", "step");
     assert_no_leaked_tasks(baseline).await;
 }
 
@@ -395,11 +406,7 @@ async fn a_step_panic_with_a_step_whose_drop_panics_too_is_reported_not_an_abort
         }
     });
     assert_eq!((&mut out).collect::<Vec<_>>().await, [0]);
-    let panic = out
-        .end()
-        .and_then(StageEnd::panic)
-        .expect("the step's panic");
-    assert_eq!((panic.name().as_ref(), panic.message()), ("mapper", "step"));
+    assert_stage_panicked(&out, "mapper", "step");
     assert_no_leaked_tasks(baseline).await;
 }
 
@@ -437,14 +444,7 @@ async fn an_output_whose_finished_future_panics_when_dropped_is_still_handed_on(
             bomb: n == 1,
         });
     assert_eq!((&mut out).collect::<Vec<_>>().await, [0, 1]);
-    let panic = out
-        .end()
-        .and_then(StageEnd::panic)
-        .expect("the drop's panic");
-    assert_eq!(
-        (panic.name().as_ref(), panic.message()),
-        ("mapper", "future dropped")
-    );
+    assert_stage_panicked(&out, "mapper", "future dropped");
     assert_no_leaked_tasks(baseline).await;
 }
 
@@ -468,14 +468,7 @@ async fn a_filter_whose_predicate_panics_on_an_item_whose_drop_panics_is_reporte
     });
     let kept: Vec<u8> = (&mut out).map(|item| item.0).collect().await;
     assert_eq!(kept, [0]);
-    let panic = out
-        .end()
-        .and_then(StageEnd::panic)
-        .expect("the predicate's panic");
-    assert_eq!(
-        (panic.name().as_ref(), panic.message()),
-        ("filter", "predicate")
-    );
+    let panic = assert_stage_panicked(&out, "filter", "predicate");
     assert!(
         panic
             .location()
