@@ -4,7 +4,8 @@
 //!   [`wait`](TaskGroup::wait) returns ([`wait_all`](TaskGroup::wait_all) returns them all,
 //!   the first first); an optional limit with waiting [`spawn`](TaskGroup::spawn) and
 //!   non-waiting [`try_spawn`](TaskGroup::try_spawn); tasks spawn siblings through a
-//!   [`Spawner`]; finished tasks are reaped as they end; panics become failures with a
+//!   [`Spawner`]; finished tasks are reaped at every spawn and every `len()`, so a
+//!   long-lived group holds only its running tasks; panics become failures with a
 //!   backtrace, never a panic in `wait`.
 //! - [`CollectGroup`]: independent tasks, every failure reported with its label.
 //! - [`map_parallel`] and [`map_parallel_all`]: ordered parallel map, first-failure-cancels or
