@@ -18,7 +18,8 @@
 //! background work is told to stop → **background** (the relay finishes its batch and
 //! publishes what the drained requests wrote, the consumer commits and leaves its group,
 //! the cleaner stops), at most `--background-ms` → **kafka producer** flushed → **database
-//! pool** closed, last. A second signal exits at once with code 130.
+//! pool** closed, last. A second signal exits at once, with code 130 for SIGINT and 143 for
+//! SIGTERM.
 //!
 //! Run it against the throwaway services `scripts/test` uses:
 //!
@@ -573,14 +574,28 @@ async fn clean(pool: PgPool, table: Arc<str>, ttl: Duration, token: Cancellation
         .bind(ttl.as_secs_f64())
         .execute(&mut *conn);
         tokio::pin!(delete);
+        // The statement first: polled before the token, it is sent before any cancel.
         tokio::select! {
+            biased;
             done = &mut delete => Ok(done?.rows_affected()),
             () = token.cancelled() => {
-                let _ = sqlx::query("SELECT pg_cancel_backend($1)").bind(pid).execute(&pool).await;
-                // Waits for the statement's end (canceled: 57014) on its own connection.
-                let _ = delete.await;
-                println!("cleaner: its query was interrupted by the shutdown");
-                Ok(0)
+                // A cancel that reaches the server before the statement does is lost: cancel
+                // again until the statement ends (canceled: 57014) on its own connection.
+                let done = loop {
+                    let _ = sqlx::query("SELECT pg_cancel_backend($1)").bind(pid).execute(&pool).await;
+                    tokio::select! {
+                        biased;
+                        done = &mut delete => break done,
+                        () = tokio::time::sleep(Duration::from_millis(50)) => {}
+                    }
+                };
+                match done {
+                    Ok(done) => Ok(done.rows_affected()),
+                    Err(_) => {
+                        println!("cleaner: its query was interrupted by the shutdown");
+                        Ok(0)
+                    }
+                }
             }
         }
     }

@@ -38,7 +38,7 @@ async fn main() {
     }
     println!("{order:?}");
     println!(
-        "in {:?} (one at a time: 480 ms of rendering)",
+        "in {:?} (one at a time: 480 ms, 420 of rendering and 60 of uploading)",
         started.elapsed()
     );
 

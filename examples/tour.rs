@@ -37,10 +37,12 @@ async fn main() {
     tee_and_reorder(&root).await;
     outbox(&root).await;
     println!("\n== shutdown ==");
-    println!("graceful shutdown needs real signals: try `cargo run --example order_service`,");
+    println!("graceful shutdown needs real signals: try, on the services `scripts/services start`");
+    println!("starts, `cargo run --example order_service -- --relay-batch-ms 2000`, post an order");
     println!(
-        "curl -X POST 'localhost:3000/orders?work_ms=2000', then Ctrl-C (twice exits at once)"
+        "(curl -X POST localhost:3000/orders -d '{{\"customer\":\"c1\",\"sku\":\"sku-1\",\"quantity\":1}}'),"
     );
+    println!("then Ctrl-C: the relay's batch finishes first (a second Ctrl-C exits at once)");
     println!("\ntour finished");
 }
 

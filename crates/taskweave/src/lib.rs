@@ -20,11 +20,15 @@
 //! | [`reorder`] | `taskweave-reorder` | reorder buffer, reorder adapter, ordered parallel map |
 //! | [`shutdown`] | `taskweave-shutdown` | whole-application graceful shutdown with a report |
 //! | `limit` + feature `governor` | `taskweave-limit` | `From<governor::Quota>` for the limiter's `Quota` (off by default) |
+//! | `shutdown` + features `shutdown-json`, `shutdown-axum` | `taskweave-shutdown` | `ShutdownReport::to_json`, `Readiness::axum_handler` (off by default) |
 //! | `outbox` | `taskweave-outbox` | transactional outbox: PostgreSQL to Kafka, per-key order; the consuming end with a transactional inbox (feature `outbox`, off by default) |
 //!
 //! # Example
 //!
-//! ```
+//! With the default features:
+//!
+#![cfg_attr(feature = "supervise", doc = "```")]
+#![cfg_attr(not(feature = "supervise"), doc = "```text")]
 //! use taskweave::supervise::spawn;
 //!
 //! # #[tokio::main(flavor = "current_thread")]

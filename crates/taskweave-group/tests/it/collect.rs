@@ -82,6 +82,7 @@ async fn with_limit_two_at_most_two_run_at_once_even_when_tasks_panic() {
     }
     let report = group.wait().await;
     assert_eq!(report.succeeded, 3);
+    assert_eq!(report.failures.len(), 3, "{report:?}");
     assert!(
         report
             .failures

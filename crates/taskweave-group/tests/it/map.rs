@@ -132,6 +132,7 @@ async fn items_not_started_before_the_callers_cancellation_are_reported() {
     })
     .await;
     // Item 0 ran 0..10 ms, item 1 10..20 ms (started before the cancel); 2..4 never started.
+    assert_eq!(outcomes.len(), 5, "one outcome per item");
     assert!(outcomes[0].is_ok() && outcomes[1].is_ok());
     assert!(
         outcomes[2..]
@@ -201,6 +202,7 @@ async fn an_already_cancelled_token_starts_no_call() {
     })
     .await;
     assert_eq!(calls.load(Ordering::SeqCst), 0);
+    assert_eq!(outcomes.len(), 5, "one outcome per item");
     assert!(
         outcomes
             .iter()
