@@ -591,10 +591,12 @@ async fn clean(pool: PgPool, table: Arc<str>, ttl: Duration, token: Cancellation
                 };
                 match done {
                     Ok(done) => Ok(done.rows_affected()),
-                    Err(_) => {
+                    // 57014: canceled by the cancel above.
+                    Err(sqlx::Error::Database(error)) if error.code().as_deref() == Some("57014") => {
                         println!("cleaner: its query was interrupted by the shutdown");
                         Ok(0)
                     }
+                    Err(error) => Err(error),
                 }
             }
         }

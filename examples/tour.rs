@@ -37,8 +37,8 @@ async fn main() {
     tee_and_reorder(&root).await;
     outbox(&root).await;
     println!("\n== shutdown ==");
-    println!("graceful shutdown needs real signals: try, on the services `scripts/services start`");
-    println!("starts, `cargo run --example order_service -- --relay-batch-ms 2000`, post an order");
+    println!("graceful shutdown needs real signals: try `eval \"$(scripts/services start)\"`,");
+    println!("then `cargo run --example order_service -- --relay-batch-ms 2000`, post an order");
     println!(
         "(curl -X POST localhost:3000/orders -d '{{\"customer\":\"c1\",\"sku\":\"sku-1\",\"quantity\":1}}'),"
     );

@@ -751,7 +751,7 @@ fn it_refuses_to_start_without_reachable_services_and_says_how_to_start_them() {
 }
 
 #[test]
-fn sigterm_then_sigint_exits_at_once_with_130() {
+fn a_sigint_during_the_shutdown_exits_now_with_130() {
     let service = Service::start(&names(), &["--budget-ms", "10000", "--delay-ms", "5000"]);
     service.signal("TERM");
     thread::sleep(Duration::from_millis(300));

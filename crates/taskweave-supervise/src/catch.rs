@@ -96,6 +96,9 @@ pin_project! {
             if matches!(stage.as_mut().project(), StageProj::Done) {
                 return;
             }
+            // Dropped while a panic of the owner unwinds (a local of an async block that
+            // panicked): that panic's site is its catch's, kept aside and put back.
+            let pending = take_any_site();
             let previous = CAPTURING.try_with(|flag| flag.replace(true)).unwrap_or(false);
             let dropped = std::panic::catch_unwind(AssertUnwindSafe(|| stage.set(Stage::Done)));
             let _ = CAPTURING.try_with(|flag| flag.set(previous));
@@ -107,6 +110,9 @@ pin_project! {
             // A panic the destructor caught itself.
             if let Some(site) = take_any_site() {
                 log_site(this.name, &site, "a panic was caught while dropping the task");
+            }
+            if let Some(site) = pending {
+                let _ = LAST_PANIC.try_with(|slot| *slot.borrow_mut() = Some(site));
             }
         }
     }
@@ -300,6 +306,25 @@ fn install_hook() {
                 location: info.location().map(ToString::to_string),
                 backtrace: Backtrace::force_capture(),
             };
+            // A panic raised while another unwinds (in a destructor run by that unwind, which
+            // catches it, or the process aborts) must not replace the site of the one
+            // unwinding, which its catch reports: it is logged here instead.
+            let nested = std::thread::panicking()
+                && LAST_PANIC
+                    .try_with(|slot| slot.borrow().is_some())
+                    .unwrap_or(false);
+            if nested {
+                if tracing::enabled!(tracing::Level::ERROR) {
+                    log_site(
+                        &TaskName::from("<destructor>"),
+                        &site,
+                        "a panic while another unwound, in a destructor",
+                    );
+                } else {
+                    previous(info);
+                }
+                return;
+            }
             let recorded = LAST_PANIC
                 .try_with(|slot| *slot.borrow_mut() = Some(site))
                 .is_ok();

@@ -1,7 +1,8 @@
 //! Composable async concurrency patterns on tokio.
 //!
 //! Each pattern is its own crate; this umbrella re-exports each one as a module behind a
-//! feature of the same name (all on by default except `outbox` and `governor`), so `taskweave::supervise::Supervisor`
+//! feature of the same name (all on by default except `outbox`, `governor`, `shutdown-json`
+//! and `shutdown-axum`), so `taskweave::supervise::Supervisor`
 //! is `taskweave_supervise::Supervisor`. Depend on the single crate you need when you want
 //! the smallest build.
 //!
@@ -23,21 +24,24 @@
 //! | `shutdown` + features `shutdown-json`, `shutdown-axum` | `taskweave-shutdown` | `ShutdownReport::to_json`, `Readiness::axum_handler` (off by default) |
 //! | `outbox` | `taskweave-outbox` | transactional outbox: PostgreSQL to Kafka, per-key order; the consuming end with a transactional inbox (feature `outbox`, off by default) |
 //!
-//! # Example
-//!
-//! With the default features:
-//!
+// The example needs `supervise` (a default feature): without it, it is left out.
+#![cfg_attr(feature = "supervise", doc = "# Example")]
+#![cfg_attr(feature = "supervise", doc = "")]
 #![cfg_attr(feature = "supervise", doc = "```")]
-#![cfg_attr(not(feature = "supervise"), doc = "```text")]
-//! use taskweave::supervise::spawn;
-//!
-//! # #[tokio::main(flavor = "current_thread")]
-//! # async fn main() {
-//! let error = spawn("worker", async { panic!("boom") }).await.unwrap_err();
-//! assert!(error.is_panic());
-//! # }
-//! ```
-
+#![cfg_attr(feature = "supervise", doc = "use taskweave::supervise::spawn;")]
+#![cfg_attr(feature = "supervise", doc = "")]
+#![cfg_attr(
+    feature = "supervise",
+    doc = "# #[tokio::main(flavor = \"current_thread\")]"
+)]
+#![cfg_attr(feature = "supervise", doc = "# async fn main() {")]
+#![cfg_attr(
+    feature = "supervise",
+    doc = "let error = spawn(\"worker\", async { panic!(\"boom\") }).await.unwrap_err();"
+)]
+#![cfg_attr(feature = "supervise", doc = "assert!(error.is_panic());")]
+#![cfg_attr(feature = "supervise", doc = "# }")]
+#![cfg_attr(feature = "supervise", doc = "```")]
 // docs.rs builds with `--cfg docsrs` on nightly: mark each feature-gated item.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 

@@ -473,7 +473,7 @@ async fn a_filter_whose_predicate_panics_on_an_item_whose_drop_panics_is_reporte
         panic
             .location()
             .is_some_and(|at| at.contains("tests/it/batches.rs")),
-        "the predicate's own site, not the item's Drop: {:?}",
+        "the predicate's panic keeps its site through the item's Drop: {:?}",
         panic.location()
     );
     assert_no_leaked_tasks(baseline).await;

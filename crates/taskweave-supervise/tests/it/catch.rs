@@ -248,3 +248,64 @@ async fn a_panic_whose_future_panics_again_when_dropped_keeps_its_own_location()
         "{logged}"
     );
 }
+
+#[tokio::test]
+async fn a_panic_unwinding_past_an_unfinished_inner_catch_keeps_its_location() {
+    let logs = LogCapture::global();
+    let panic = catch_panic("outer-owner", async {
+        // Alive in the block when it panics: dropped by that unwind, unfinished.
+        let _inner = Box::pin(catch_panic("inner-pending", std::future::pending::<()>()));
+        tokio::task::yield_now().await;
+        panic!("outer");
+    })
+    .await
+    .unwrap_err();
+    assert_eq!(panic.message(), "outer");
+    assert!(
+        panic
+            .location()
+            .is_some_and(|at| at.contains("tests/it/catch.rs")),
+        "the outer panic's own site: {:?}",
+        panic.location()
+    );
+    assert!(
+        logs.lines_with("inner-pending").is_empty(),
+        "nothing is reported under the inner task's name: {}",
+        logs.lines_with("inner-pending")
+    );
+}
+
+/// Catches a panic of its own when dropped.
+struct CatchesWhenDropped;
+
+impl Drop for CatchesWhenDropped {
+    fn drop(&mut self) {
+        let caught = std::panic::catch_unwind(|| panic!("caught by a destructor mid-unwind"));
+        assert!(caught.is_err());
+    }
+}
+
+#[tokio::test]
+async fn a_panic_a_destructor_catches_during_an_unwind_is_logged_and_leaves_the_first_alone() {
+    let logs = LogCapture::global();
+    let panic = catch_panic("unwinding-owner", async {
+        let _guard = CatchesWhenDropped;
+        tokio::task::yield_now().await;
+        panic!("the task's own");
+    })
+    .await
+    .unwrap_err();
+    assert_eq!(panic.message(), "the task's own");
+    assert!(
+        panic
+            .location()
+            .is_some_and(|at| at.contains("tests/it/catch.rs")),
+        "the task's panic keeps its site: {:?}",
+        panic.location()
+    );
+    let logged = logs.lines_with("caught by a destructor mid-unwind");
+    assert!(
+        logged.contains("a panic while another unwound"),
+        "the destructor's panic is reported: {logged}"
+    );
+}

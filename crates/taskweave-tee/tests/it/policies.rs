@@ -502,7 +502,7 @@ async fn a_value_whose_clone_and_drop_both_panic_ends_the_tee_without_an_abort()
         panic
             .location()
             .is_some_and(|at| at.contains("tests/it/policies.rs")),
-        "the clone's own site, not the Drop's: {:?}",
+        "the clone's panic keeps its site through the value's Drop: {:?}",
         panic.location()
     );
 }
