@@ -9,7 +9,7 @@ use futures::Stream;
 use futures::future::Either;
 use pin_project_lite::pin_project;
 use taskweave_supervise::TaskName;
-use taskweave_supervise::internal::drop_caught_keeping_site;
+use taskweave_supervise::internal::drop_caught;
 
 use crate::run::spawn_stage;
 use crate::{First, Pipeline, Stage};
@@ -104,7 +104,7 @@ pub trait PipelineExt: Stream + Sized {
             match std::panic::catch_unwind(AssertUnwindSafe(|| keep(&item))) {
                 Ok(kept) => ready(kept.then_some(item)),
                 Err(payload) => {
-                    drop_caught_keeping_site(&TaskName::from("pipeline-filter"), item);
+                    drop_caught(&TaskName::from("pipeline-filter"), item);
                     std::panic::resume_unwind(payload)
                 }
             }

@@ -97,23 +97,14 @@ pin_project! {
                 return;
             }
             // Dropped while a panic of the owner unwinds (a local of an async block that
-            // panicked): that panic's site is its catch's, kept aside and put back.
-            let pending = take_any_site();
-            let previous = CAPTURING.try_with(|flag| flag.replace(true)).unwrap_or(false);
-            let dropped = std::panic::catch_unwind(AssertUnwindSafe(|| stage.set(Stage::Done)));
-            let _ = CAPTURING.try_with(|flag| flag.set(previous));
-            if let Err(payload) = dropped {
-                let error = panic_error(this.name.clone(), payload.as_ref());
-                drop_payload(payload);
-                log_panic(&error, "dropping the unfinished task panicked: caught");
-            }
-            // A panic the destructor caught itself.
-            if let Some(site) = take_any_site() {
-                log_site(this.name, &site, "a panic was caught while dropping the task");
-            }
-            if let Some(site) = pending {
-                let _ = LAST_PANIC.try_with(|slot| *slot.borrow_mut() = Some(site));
-            }
+            // panicked): that panic's site is its catch's, kept aside meanwhile.
+            with_site_set_aside(|| {
+                let previous = start_capturing();
+                drop_in_catch(this.name, stage, "dropping the unfinished task panicked: caught");
+                if let Some(site) = stop_capturing(previous) {
+                    log_site(this.name, &site, "a panic was caught while dropping the task");
+                }
+            });
         }
     }
 }
@@ -170,7 +161,7 @@ impl<F: Future> Future for CatchPanic<F> {
         );
         // Restoring the previous flag (rather than clearing it) keeps nested adapters right:
         // a `CatchPanic` polled inside another one's poll hands the flag back on return.
-        let previous = CAPTURING.with(|flag| flag.replace(true));
+        let previous = start_capturing();
         let result = std::panic::catch_unwind(AssertUnwindSafe(|| {
             let polled = match stage.as_mut().project() {
                 StageProj::Running { future } => future.poll(cx),
@@ -191,33 +182,21 @@ impl<F: Future> Future for CatchPanic<F> {
                 error.keep_payload(payload);
                 // A future that panicked is dropped inside a catch as well; a second panic
                 // from its destructor is logged apart (the first one is the task's).
-                let dropped = std::panic::catch_unwind(AssertUnwindSafe(|| stage.set(Stage::Done)));
-                if let Err(payload) = dropped {
-                    let second = panic_error(this.name.clone(), payload.as_ref());
-                    drop_payload(payload);
-                    log_panic(&second, "dropping the panicked task's future panicked too");
-                }
-                // A panic the destructor caught itself.
-                if let Some(site) = take_any_site() {
-                    log_site(
-                        this.name,
-                        &site,
-                        "a panic was caught while dropping the task",
-                    );
-                }
+                drop_in_catch(
+                    this.name,
+                    stage,
+                    "dropping the panicked task's future panicked too",
+                );
                 Err(error)
             }
         };
-        CAPTURING.with(|flag| flag.set(previous));
+        // A panic the future (or its destructor) caught itself left its site here, and
+        // nobody else reports it.
+        if let Some(site) = stop_capturing(previous) {
+            log_site(this.name, &site, "a panic was caught inside the task");
+        }
         match result {
-            Ok(polled) => {
-                // A panic the future caught itself left its site here, and nobody else
-                // reports it.
-                if let Some(site) = take_any_site() {
-                    log_site(this.name, &site, "a panic was caught inside the task");
-                }
-                polled.map(Ok)
-            }
+            Ok(polled) => polled.map(Ok),
             Err(error) => {
                 if *this.log {
                     log_panic(&error, "task panicked");
@@ -244,9 +223,62 @@ struct PanicSite {
     backtrace: Backtrace,
 }
 
+/// This thread's capture: whether a `CatchPanic` polls (or drops its future) now, and the
+/// site the hook recorded of the latest panic meanwhile. One thread-local, so that a poll
+/// starts and ends with one access each.
+struct Capture {
+    capturing: Cell<bool>,
+    site: RefCell<Option<PanicSite>>,
+}
+
 thread_local! {
-    static CAPTURING: Cell<bool> = const { Cell::new(false) };
-    static LAST_PANIC: RefCell<Option<PanicSite>> = const { RefCell::new(None) };
+    static CAPTURE: Capture = const {
+        Capture {
+            capturing: Cell::new(false),
+            site: RefCell::new(None),
+        }
+    };
+}
+
+/// Marks this thread as capturing; returns the previous mark (restoring it, rather than
+/// clearing it, keeps nested adapters right). `try_with` throughout: a `CatchPanic` may be
+/// dropped during thread-local destruction.
+fn start_capturing() -> bool {
+    CAPTURE
+        .try_with(|capture| capture.capturing.replace(true))
+        .unwrap_or(false)
+}
+
+/// Restores the mark and takes the site left over (a panic caught inside), in one access.
+fn stop_capturing(previous: bool) -> Option<PanicSite> {
+    CAPTURE
+        .try_with(|capture| {
+            capture.capturing.set(previous);
+            capture.site.take()
+        })
+        .ok()
+        .flatten()
+}
+
+/// Runs `f` with the recorded site (a panic on its way to the catch that reports it) set
+/// aside, and puts it back after.
+fn with_site_set_aside<R>(f: impl FnOnce() -> R) -> R {
+    let saved = take_any_site();
+    let result = f();
+    if let Some(site) = saved {
+        let _ = CAPTURE.try_with(|capture| *capture.site.borrow_mut() = Some(site));
+    }
+    result
+}
+
+/// Drops `stage`'s future inside a catch; a panic of its destructor is logged as `what`.
+fn drop_in_catch<F>(name: &TaskName, mut stage: Pin<&mut Stage<F>>, what: &'static str) {
+    let dropped = std::panic::catch_unwind(AssertUnwindSafe(|| stage.set(Stage::Done)));
+    if let Err(payload) = dropped {
+        let error = panic_error(name.clone(), payload.as_ref());
+        drop_payload(payload);
+        log_panic(&error, what);
+    }
 }
 
 static HOOK: Once = Once::new();
@@ -291,7 +323,9 @@ fn install_hook() {
         let previous = std::panic::take_hook();
         std::panic::set_hook(Box::new(move |info: &PanicHookInfo<'_>| {
             // `try_with`: a panic during thread-local destruction must still reach a hook.
-            let capturing = CAPTURING.try_with(Cell::get).unwrap_or(false);
+            let capturing = CAPTURE
+                .try_with(|capture| capture.capturing.get())
+                .unwrap_or(false);
             if !capturing {
                 if TO_TRACING.load(Ordering::Relaxed) && tracing::enabled!(tracing::Level::ERROR) {
                     log_uncaught(info);
@@ -310,8 +344,8 @@ fn install_hook() {
             // catches it, or the process aborts) must not replace the site of the one
             // unwinding, which its catch reports: it is logged here instead.
             let nested = std::thread::panicking()
-                && LAST_PANIC
-                    .try_with(|slot| slot.borrow().is_some())
+                && CAPTURE
+                    .try_with(|capture| capture.site.borrow().is_some())
                     .unwrap_or(false);
             if nested {
                 if tracing::enabled!(tracing::Level::ERROR) {
@@ -325,8 +359,8 @@ fn install_hook() {
                 }
                 return;
             }
-            let recorded = LAST_PANIC
-                .try_with(|slot| *slot.borrow_mut() = Some(site))
+            let recorded = CAPTURE
+                .try_with(|capture| *capture.site.borrow_mut() = Some(site))
                 .is_ok();
             // Nobody would hear of this panic through `tracing`: keep the default report too.
             if !recorded || cfg!(panic = "abort") || !tracing::enabled!(tracing::Level::ERROR) {
@@ -360,8 +394,8 @@ fn log_site(name: &TaskName, site: &PanicSite, what: &'static str) {
 
 /// Takes whatever site the hook recorded on this thread.
 fn take_any_site() -> Option<PanicSite> {
-    LAST_PANIC
-        .try_with(|slot| slot.borrow_mut().take())
+    CAPTURE
+        .try_with(|capture| capture.site.take())
         .ok()
         .flatten()
 }
@@ -427,24 +461,17 @@ pub(crate) fn drop_payload(payload: Box<dyn std::any::Any + Send>) {
 }
 
 /// Drops a user value on one of our tasks: a panic of its `Drop` is caught (its payload
-/// dropped the same careful way) and logged, instead of taking the task down.
+/// dropped the same careful way) and logged, instead of taking the task down. A site already
+/// recorded (a panic caught and about to be resumed, or one the task caught itself) is set
+/// aside meanwhile, so that the value's panic never replaces it.
 pub(crate) fn drop_caught<T>(name: &TaskName, value: T) {
-    if let Err(payload) = std::panic::catch_unwind(AssertUnwindSafe(move || drop(value))) {
-        let error = panic_error(name.clone(), payload.as_ref());
-        drop_payload(payload);
-        log_panic(&error, "a value's Drop panicked: caught");
-    }
-}
-
-/// [`drop_caught`] for a value dropped while another panic is on its way (caught, to be
-/// resumed): that panic's recorded site is kept for the catch that reports it, instead of
-/// being replaced by the site of a panic of the value's `Drop`.
-pub(crate) fn drop_caught_keeping_site<T>(name: &TaskName, value: T) {
-    let saved = take_any_site();
-    drop_caught(name, value);
-    if let Some(site) = saved {
-        let _ = LAST_PANIC.try_with(|slot| *slot.borrow_mut() = Some(site));
-    }
+    with_site_set_aside(|| {
+        if let Err(payload) = std::panic::catch_unwind(AssertUnwindSafe(move || drop(value))) {
+            let error = panic_error(name.clone(), payload.as_ref());
+            drop_payload(payload);
+            log_panic(&error, "a value's Drop panicked: caught");
+        }
+    });
 }
 
 /// Formats a user value with its `Display` on one of our tasks: a panic there is caught and

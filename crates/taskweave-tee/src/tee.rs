@@ -10,7 +10,7 @@ use std::task::Poll;
 
 use futures::{Stream, StreamExt};
 use taskweave_supervise::internal::chan::{self, Gone};
-use taskweave_supervise::internal::{drop_caught, drop_caught_keeping_site};
+use taskweave_supervise::internal::drop_caught;
 use taskweave_supervise::{PanicError, TaskName, TokenWatch, catch_panic};
 use tokio_util::sync::CancellationToken;
 
@@ -506,7 +506,7 @@ fn copy_out<T: Clone>(slots: &mut [Slot<T>], value: T) {
         match std::panic::catch_unwind(AssertUnwindSafe(|| value.clone())) {
             Ok(copy) => slot.scratch.push_back(copy),
             Err(payload) => {
-                drop_caught_keeping_site(&TaskName::from("tee"), value);
+                drop_caught(&TaskName::from("tee"), value);
                 std::panic::resume_unwind(payload);
             }
         }

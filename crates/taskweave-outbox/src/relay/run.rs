@@ -163,18 +163,16 @@ impl<S: Store, P: Publisher> Relay<S, P> {
                             .saturating_duration_since(Instant::now())
                             .saturating_sub(self.batch_budget);
                         let check = self.store.has_pending(within);
-                        let (allowed, cut) =
-                            until(self.batch_budget.mul_f64(CLAIM_SHARE), drain_until);
-                        match tokio::time::timeout(allowed, check).await {
-                            Ok(Ok(false)) => break StopReason::Drained,
-                            Ok(Ok(true)) => {}
-                            Ok(Err(error)) => self.store_failed(&mut report, &error),
-                            // The deadline came first: the loop ends at its top.
-                            Err(_) if cut => {}
-                            Err(_) => self.store_failed(
+                        let pending = self
+                            .store_step(
                                 &mut report,
-                                &StoreError::TimedOut("checking for pending events".to_owned()),
-                            ),
+                                drain_until,
+                                "checking for pending events",
+                                check,
+                            )
+                            .await;
+                        if pending == Some(false) {
+                            break StopReason::Drained;
                         }
                     }
                     // Wait when there was nothing to do, or nothing could be done (a broker
@@ -256,26 +254,37 @@ impl<S: Store, P: Publisher> Relay<S, P> {
     /// many (0 after a failure, which is logged and counted).
     async fn release_held_back(&self, report: &mut RelayReport, deadline: Option<Instant>) -> u64 {
         let step = self.store.release_held_back(crate::store::RELEASE_STEP);
+        let released = self
+            .store_step(report, deadline, "releasing waiting events", step)
+            .await
+            .unwrap_or(0);
+        if released > 0 {
+            tracing::debug!(relay = %self.name, released, "outbox events waiting behind a recovered key released");
+        }
+        released
+    }
+
+    /// One store call between batches, bounded by its share of the batch budget and by a
+    /// drain's `deadline`. `None` when it failed or timed out (counted and logged as a store
+    /// failure), or when the deadline came first (nothing failed: the loop ends at its top).
+    async fn store_step<T>(
+        &self,
+        report: &mut RelayReport,
+        deadline: Option<Instant>,
+        what: &str,
+        step: impl Future<Output = Result<T, StoreError>>,
+    ) -> Option<T> {
         let (allowed, cut) = until(self.batch_budget.mul_f64(CLAIM_SHARE), deadline);
         match tokio::time::timeout(allowed, step).await {
-            Ok(Ok(released)) => {
-                if released > 0 {
-                    tracing::debug!(relay = %self.name, released, "outbox events waiting behind a recovered key released");
-                }
-                released
-            }
+            Ok(Ok(value)) => Some(value),
             Ok(Err(error)) => {
                 self.store_failed(report, &error);
-                0
+                None
             }
-            // The drain's deadline came first: nothing failed.
-            Err(_) if cut => 0,
+            Err(_) if cut => None,
             Err(_) => {
-                self.store_failed(
-                    report,
-                    &StoreError::TimedOut("releasing waiting events".to_owned()),
-                );
-                0
+                self.store_failed(report, &StoreError::TimedOut(what.to_owned()));
+                None
             }
         }
     }

@@ -531,6 +531,20 @@ async fn an_unreadable_row_holds_back_its_key_only() {
     );
 }
 
+/// Writes a waiting event of `key` straight into the table (as a writer racing the relay's
+/// release can leave one).
+async fn insert_waiting(store: &PgStore, key: &str) {
+    let events = store.schema().events_table();
+    sqlx::query(AssertSqlSafe(format!(
+        "INSERT INTO {events} (event_id, bucket, topic, key, payload, headers, waiting)
+         VALUES (gen_random_uuid(), 0, 'orders', $1, 'x', '\\x00000000', true)"
+    )))
+    .bind(key.as_bytes())
+    .execute(store.pool())
+    .await
+    .unwrap();
+}
+
 /// Corrupts the first row's headers behind the outbox's back.
 async fn corrupt_first_row(store: &PgStore) {
     let events = store.schema().events_table();
@@ -636,13 +650,7 @@ async fn a_release_of_waiting_events_is_bounded_in_all_and_finishes_over_calls()
     // Three keys with five waiting events each and no failed event ahead of them.
     for key in ["a", "b", "c"] {
         for _ in 0..5 {
-            sqlx::query(AssertSqlSafe(format!(
-                "INSERT INTO {events} (event_id, bucket, topic, key, payload, headers, waiting)
-                 VALUES (gen_random_uuid(), 0, 'orders', '{key}', 'x', '\\x00000000', true)"
-            )))
-            .execute(store.pool())
-            .await
-            .unwrap();
+            insert_waiting(&store, key).await;
         }
     }
     let mut calls = Vec::new();
@@ -779,13 +787,7 @@ async fn a_parked_keys_backlog_waits_outside_the_claims_index() {
 
     // A waiting event with no failed event ahead of it (as a writer racing the relay's
     // release can leave one) is released within a second or so, and published.
-    sqlx::query(AssertSqlSafe(format!(
-        "INSERT INTO {events} (event_id, bucket, topic, key, payload, headers, waiting)
-         VALUES (gen_random_uuid(), 0, 'orders', 'lonely', 'x', '\\x00000000', true)"
-    )))
-    .execute(store.pool())
-    .await
-    .unwrap();
+    insert_waiting(&store, "lonely").await;
     assert_eq!(store.pending().await.unwrap(), 1);
     let start = std::time::Instant::now();
     while store.pending().await.unwrap() > 0 {

@@ -17,12 +17,6 @@ pub fn drop_caught<T>(name: &crate::TaskName, value: T) {
     crate::catch::drop_caught(name, value);
 }
 
-/// [`drop_caught`] for a value dropped between catching a panic and resuming it: the
-/// resumed panic keeps its location and backtrace even if the value's `Drop` panics too.
-pub fn drop_caught_keeping_site<T>(name: &crate::TaskName, value: T) {
-    crate::catch::drop_caught_keeping_site(name, value);
-}
-
 /// The buffer of a stage or an output when the caller names none (the pipeline's stages, the
 /// tee's outputs).
 pub const DEFAULT_CAPACITY: usize = 32;
