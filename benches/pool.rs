@@ -27,7 +27,9 @@
 //!
 //! The `WorkerPool/submit_many`, `…/take_8` and `…/submit_many+take_8` rows feed the same pool
 //! with `submit_many` of 64 jobs at a time and/or let each worker take up to 8 queued jobs at
-//! once (`take_per_worker(8)`); `…/take_32` lets a worker take up to 32. The
+//! once (`take_per_worker(8)`); `…/take_32` lets a worker take up to 32; `…/resume_at_32` and
+//! `…/take_32+resume_at_32` let a full queue take jobs again only once drained to 32
+//! (`resume_at(32)`, a quarter of the queue). The
 //! `pool_scaling_workers` and `pool_scaling_queue` groups run 100,000 trivial jobs through 1,
 //! 2, 8 and 64 workers and through queues of 1, 64 and 4,096, against the async-channel pool
 //! of the same shape. `pool_lifecycle` times a pool's whole life with one job (built, one
@@ -106,16 +108,19 @@ async fn job(workload: Workload, input: u64) -> u64 {
 }
 
 /// How the `WorkerPool` rows feed the pool: one `submit` per job, or `submit_many` of
-/// [`BATCH`] jobs at a time; and how many jobs a worker takes at once (`take_per_worker`).
+/// [`BATCH`] jobs at a time; how many jobs a worker takes at once (`take_per_worker`); and
+/// whether a full queue resumes only once drained to [`RESUME_AT`] (`resume_at`).
 #[derive(Clone, Copy, Debug)]
 struct Feed {
     batch: bool,
     take: usize,
+    resume: bool,
 }
 
 const ONE_BY_ONE: Feed = Feed {
     batch: false,
     take: 1,
+    resume: false,
 };
 
 /// The `submit_many` size of the batched rows, and their `take_per_worker`.
@@ -125,14 +130,17 @@ const TAKE: usize = 8;
 /// 128 / 4 = 32, this cap, so a blocked submitter can be woken once per up to 32 freed
 /// slots instead of 8.
 const TAKE_LONG: usize = 32;
+/// `resume_at` of the `…/resume_at_32` rows: a quarter of the queue.
+const RESUME_AT: usize = CAPACITY / 4;
 
 /// The batched variants, with their row names.
-const FEEDS: [(&str, Feed); 4] = [
+const FEEDS: [(&str, Feed); 6] = [
     (
         "WorkerPool/submit_many",
         Feed {
             batch: true,
             take: 1,
+            resume: false,
         },
     ),
     (
@@ -140,6 +148,7 @@ const FEEDS: [(&str, Feed); 4] = [
         Feed {
             batch: false,
             take: TAKE,
+            resume: false,
         },
     ),
     (
@@ -147,6 +156,7 @@ const FEEDS: [(&str, Feed); 4] = [
         Feed {
             batch: true,
             take: TAKE,
+            resume: false,
         },
     ),
     (
@@ -154,6 +164,23 @@ const FEEDS: [(&str, Feed); 4] = [
         Feed {
             batch: false,
             take: TAKE_LONG,
+            resume: false,
+        },
+    ),
+    (
+        "WorkerPool/resume_at_32",
+        Feed {
+            batch: false,
+            take: 1,
+            resume: true,
+        },
+    ),
+    (
+        "WorkerPool/take_32+resume_at_32",
+        Feed {
+            batch: false,
+            take: TAKE_LONG,
+            resume: true,
         },
     ),
 ];
@@ -183,6 +210,11 @@ async fn shaped_worker_pool(workload: Workload, results: bool, feed: Feed, shape
     let builder = WorkerPool::builder(shape.workers, shape.capacity).take_per_worker(feed.take);
     let builder = if results {
         builder.results(shape.capacity)
+    } else {
+        builder
+    };
+    let builder = if feed.resume {
+        builder.resume_at(RESUME_AT.min(shape.capacity - 1))
     } else {
         builder
     };

@@ -8,8 +8,10 @@
 //!   a [`close_within`](WorkerPool::close_within) deadline that hands back unstarted jobs, an
 //!   optional [`Results`] stream, and [`PoolMetrics`]. Batches go in under one lock with
 //!   [`submit_many`](WorkerPool::submit_many) / [`try_submit_many`](WorkerPool::try_submit_many),
-//!   and [`take_per_worker`](WorkerPoolBuilder::take_per_worker) lets workers take several
-//!   queued jobs at once.
+//!   [`take_per_worker`](WorkerPoolBuilder::take_per_worker) lets workers take several
+//!   queued jobs at once, and [`resume_at`](WorkerPoolBuilder::resume_at) makes a full queue
+//!   wait until it has drained that far before it takes jobs again (fewer wake-ups of a
+//!   submitter outside the runtime).
 //!
 //! Two things to know first:
 //!

@@ -198,7 +198,15 @@ where
         H: Fn(JobContext, J) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Result<R, E>> + Send + 'static,
     {
-        let queue = Arc::new(Queue::new(settings.capacity));
+        // Evicting sends never wait, so a drop-oldest pool keeps the default.
+        let resume_at = match settings.overflow {
+            Overflow::DropOldest => None,
+            Overflow::Block | Overflow::Reject => settings.resume_at,
+        };
+        let queue = Arc::new(Queue::with_resume_at(
+            settings.capacity,
+            resume_at.unwrap_or(settings.capacity - 1),
+        ));
         let closer = Arc::clone(&queue);
         let results_queue = settings
             .results

@@ -287,3 +287,24 @@ fn a_batch_evicting_send_racing_a_close_loses_nothing() {
         assert_eq!(queue.waiters(), [0; 4]);
     });
 }
+
+/// A sender and a receiver through a queue of two that, once full, takes nothing until it is
+/// empty: the sender sleeps while the queue drains and must be woken when it is empty.
+#[test]
+fn a_sender_held_until_the_queue_drains_is_woken_when_it_has() {
+    loom::model(|| {
+        let queue = Arc::new(Queue::with_resume_at(2, 0));
+        let sender = {
+            let queue = Arc::clone(&queue);
+            thread::spawn(move || {
+                for item in 0..3 {
+                    assert!(block_on(queue.send(item)).is_ok());
+                }
+            })
+        };
+        let received: Vec<u32> = (0..3).map(|_| block_on(queue.recv()).unwrap()).collect();
+        assert_eq!(received, [0, 1, 2]);
+        sender.join().unwrap();
+        assert_eq!(queue.waiters(), [0; 4]);
+    });
+}

@@ -16,7 +16,10 @@
 //!   the two;
 //! - a waiting send that hands its item back when it gives up ([`SendFuture::into_item`]), so a
 //!   `submit` watching a token needs no side slot to recover its job;
-//! - taking every queued item at once ([`drain`](Queue::drain)).
+//! - taking every queued item at once ([`drain`](Queue::drain));
+//! - hysteresis for a full queue ([`with_resume_at`](Queue::with_resume_at)): once full, it
+//!   takes no item until it has drained to a given length, so that a blocked sender is woken
+//!   once per many freed slots instead of once per slot.
 //!
 //! Wake-ups: every change that can let a waiter progress (an item in, an item out, close)
 //! is made under the lock, and takes the waker of the longest waiter of the other side under
@@ -50,18 +53,29 @@ use std::sync::{Mutex, MutexGuard};
 use std::task::Waker;
 
 pub(crate) use waiters::WaiterId;
-use waiters::Waiters;
+use waiters::{Waiters, Woken};
 
 /// A bounded FIFO queue with async send and receive for any number of producers and
 /// consumers, and a close that ends both sides.
 pub(crate) struct Queue<T> {
     state: Mutex<State<T>>,
     capacity: usize,
+    /// Once full, the queue takes no item until it holds at most this many (`capacity - 1`:
+    /// an item is taken as soon as a slot frees).
+    resume_at: usize,
+    /// `resume_at < capacity - 1`: only then does `State::limit` ever change, and only then
+    /// does a receive look at it, so a queue without hysteresis takes the paths it took
+    /// before hysteresis existed.
+    hysteresis: bool,
 }
 
 struct State<T> {
     items: VecDeque<T>,
     closed: bool,
+    /// How far a send may fill the queue: `capacity`, or 0 while a queue with hysteresis
+    /// drains after filling up (from the first receive of a full queue until it has drained
+    /// to `resume_at`).
+    limit: usize,
     receivers: Waiters,
     senders: Waiters,
     /// The next waiter's id; ids are unique for the queue's life.
@@ -103,16 +117,29 @@ impl<T> Queue<T> {
     /// A queue that holds at most `capacity` items (at least one).
     pub(crate) fn new(capacity: usize) -> Self {
         assert!(capacity > 0, "a queue holds at least one item");
+        Self::with_resume_at(capacity, capacity - 1)
+    }
+
+    /// A queue that holds at most `capacity` items and, once full, takes no item (a send
+    /// waits, a `try_send` is refused) until it has drained to `resume_at` items; then as many
+    /// waiting senders as there is room for are woken, the longest waiting first. The
+    /// evicting sends ignore it: they never wait.
+    pub(crate) fn with_resume_at(capacity: usize, resume_at: usize) -> Self {
+        assert!(capacity > 0, "a queue holds at least one item");
+        assert!(resume_at < capacity, "a queue resumes below its capacity");
         Queue {
             state: Mutex::new(State {
                 // Grows as needed: a large capacity costs nothing until it is used.
                 items: VecDeque::new(),
                 closed: false,
+                limit: capacity,
                 receivers: Waiters::default(),
                 senders: Waiters::default(),
                 next_id: 0,
             }),
             capacity,
+            resume_at,
+            hysteresis: resume_at < capacity - 1,
         }
     }
 
@@ -120,6 +147,37 @@ impl<T> Queue<T> {
         // Nothing under the lock can leave the state half-changed (no user code runs there),
         // so a poisoned lock still guards a consistent queue.
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// How many items a send may add now: none while the queue drains after filling up.
+    fn room(&self, state: &State<T>) -> usize {
+        state.limit.saturating_sub(state.items.len())
+    }
+
+    /// After `taken` items were taken out of `before`: the waiting senders to wake (after the
+    /// lock is released), one per item taken.
+    fn senders_to_wake(&self, state: &mut State<T>, before: usize, taken: usize) -> Woken {
+        if self.hysteresis {
+            return self.hold_or_resume(state, before, taken);
+        }
+        state.senders.pop_up_to(taken)
+    }
+
+    /// `senders_to_wake` for a queue with hysteresis: a receive from a full queue holds it
+    /// (no room) until it has drained to `resume_at`; then as many waiting senders as there
+    /// is room for are woken. A receive from a queue that is neither full nor held wakes one
+    /// per item taken, as without hysteresis (a woken sender may not have used its turn yet).
+    fn hold_or_resume(&self, state: &mut State<T>, before: usize, taken: usize) -> Woken {
+        let len = state.items.len();
+        if state.limit != 0 && before < self.capacity {
+            return state.senders.pop_up_to(taken);
+        }
+        if len > self.resume_at {
+            state.limit = 0;
+            return Woken::None;
+        }
+        state.limit = self.capacity;
+        state.senders.pop_up_to(self.capacity - len)
     }
 
     /// Items queued now.
@@ -153,7 +211,7 @@ impl<T> Queue<T> {
         if state.closed {
             return Err(TrySendError::Closed(item));
         }
-        if state.items.len() == self.capacity {
+        if state.items.len() >= state.limit {
             return Err(TrySendError::Full(item));
         }
         state.items.push_back(item);
@@ -190,8 +248,7 @@ impl<T> Queue<T> {
         if state.closed {
             return Err(());
         }
-        let room = self.capacity - state.items.len();
-        let sent = room.min(items.len());
+        let sent = self.room(&state).min(items.len());
         state.items.extend(items.drain(..sent));
         let receivers = state.receivers.pop_up_to(sent);
         drop(state);
@@ -239,7 +296,7 @@ impl<T> Queue<T> {
         }
         let taken = (len / others.saturating_add(1)).clamp(1, max.max(1));
         into.extend(state.items.drain(..taken));
-        let senders = state.senders.pop_up_to(taken);
+        let senders = self.senders_to_wake(&mut state, len, taken);
         drop(state);
         senders.wake();
         Ok(taken)
@@ -255,6 +312,13 @@ impl<T> Queue<T> {
                 TryRecvError::Empty
             });
         };
+        if self.hysteresis {
+            let before = state.items.len() + 1;
+            let senders = self.hold_or_resume(&mut state, before, 1);
+            drop(state);
+            senders.wake();
+            return Ok(item);
+        }
         let sender = state.senders.pop();
         drop(state);
         wake(sender);
@@ -265,7 +329,7 @@ impl<T> Queue<T> {
     pub(crate) fn drain(&self) -> Vec<T> {
         let mut state = self.lock();
         let items: Vec<T> = state.items.drain(..).collect();
-        let senders = state.senders.pop_up_to(items.len());
+        let senders = self.senders_to_wake(&mut state, items.len(), items.len());
         drop(state);
         senders.wake();
         items

@@ -31,6 +31,13 @@ impl<T> Queue<T> {
         let state = &mut *guard;
         if let Some(item) = state.items.pop_front() {
             let left = state.receivers.leave(waiter);
+            if self.hysteresis {
+                let senders = self.hold_or_resume(state, state.items.len() + 1, 1);
+                drop(guard);
+                drop(left);
+                senders.wake();
+                return Poll::Ready(Some(item));
+            }
             let sender = state.senders.pop();
             drop(guard);
             drop(left);
@@ -64,7 +71,7 @@ impl<T> Queue<T> {
             let taken = state.items.len();
             into.extend(state.items.drain(..));
             let left = state.receivers.leave(waiter);
-            let senders = state.senders.pop_up_to(taken);
+            let senders = self.senders_to_wake(state, taken, taken);
             drop(guard);
             drop(left);
             senders.wake();

@@ -42,7 +42,7 @@ impl<T> Future for SendFuture<'_, T> {
             drop(left);
             return Poll::Ready(Err(this.take()));
         }
-        if state.items.len() < queue.capacity {
+        if state.items.len() < state.limit {
             state.items.push_back(this.take());
             let left = state.senders.leave(&mut this.waiter);
             let receiver = state.receivers.pop();
@@ -78,7 +78,7 @@ impl<T> Drop for SendFuture<'_, T> {
         let mut state = queue.lock();
         let left = state.senders.leave(&mut self.waiter);
         let next =
-            if matches!(left, Left::Woken) && !state.closed && state.items.len() < queue.capacity {
+            if matches!(left, Left::Woken) && !state.closed && state.items.len() < state.limit {
                 state.senders.pop()
             } else {
                 None

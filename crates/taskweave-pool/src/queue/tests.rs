@@ -498,3 +498,80 @@ fn a_share_is_the_receivers_part_of_the_queue_and_wakes_one_sender_per_item() {
     );
     assert_no_waiters(&queue);
 }
+
+/// A queue of four that, once full, takes nothing until it has drained to one item.
+fn held_queue() -> Queue<u32> {
+    let queue = Queue::with_resume_at(4, 1);
+    for item in 0..4 {
+        assert!(queue.try_send(item).is_ok());
+    }
+    queue
+}
+
+#[test]
+fn a_full_queue_with_resume_at_takes_nothing_until_it_has_drained_to_it() {
+    let queue = held_queue();
+    let mut send = spawn(queue.send(9));
+    let mut other = spawn(queue.send(10));
+    assert_pending!(send.poll());
+    assert_pending!(other.poll());
+    assert_eq!(queue.try_recv(), Ok(0));
+    assert_eq!(queue.try_recv(), Ok(1));
+    assert_eq!(queue.len(), 2);
+    assert!(!send.is_woken(), "two items queued: still above resume_at");
+    assert!(matches!(queue.try_send(8), Err(TrySendError::Full(8))));
+    let mut batch = VecDeque::from([7, 6]);
+    assert_eq!(queue.try_send_many(&mut batch), Ok(0));
+    assert_pending!(send.poll());
+    assert_eq!(queue.try_recv(), Ok(2));
+    assert!(
+        send.is_woken() && other.is_woken(),
+        "drained to one by a single take: both waiting senders resume (room for three)"
+    );
+    assert_ready_eq!(send.poll(), Ok(()));
+    assert_ready_eq!(other.poll(), Ok(()));
+    drop((send, other));
+    // Room for one more: the batch fills the queue, and it holds once more.
+    assert_eq!(queue.try_send_many(&mut batch), Ok(1));
+    assert!(matches!(queue.try_send(5), Err(TrySendError::Full(5))));
+    assert_eq!(
+        std::iter::from_fn(|| queue.try_recv().ok()).collect::<Vec<_>>(),
+        [3, 9, 10, 7]
+    );
+    assert!(queue.try_send(5).is_ok(), "drained: room again");
+    assert_no_waiters(&queue);
+}
+
+#[test]
+fn resuming_wakes_as_many_senders_as_there_is_room_for_and_a_quitter_passes_its_turn_on() {
+    let queue = Queue::with_resume_at(2, 0);
+    assert!(queue.try_send(0_u32).is_ok());
+    assert!(queue.try_send(1).is_ok());
+    let mut first = spawn(queue.send(10));
+    let mut second = spawn(queue.send(11));
+    let mut third = spawn(queue.send(12));
+    for send in [&mut first, &mut second, &mut third] {
+        assert_pending!(send.poll());
+    }
+    let mut taken = VecDeque::new();
+    assert_eq!(queue.try_recv_share(0, 8, &mut taken), Ok(2));
+    assert!(first.is_woken() && second.is_woken(), "room for two");
+    assert!(!third.is_woken(), "no room for the third");
+    drop(first);
+    assert!(
+        third.is_woken(),
+        "the first gave its turn up: the third gets it"
+    );
+    assert_ready_eq!(second.poll(), Ok(()));
+    assert_ready_eq!(third.poll(), Ok(()));
+    drop((second, third));
+    assert!(matches!(queue.try_send(13), Err(TrySendError::Full(13))));
+    assert_eq!(queue.drain(), [11, 12]);
+    assert_no_waiters(&queue);
+}
+
+#[test]
+#[should_panic(expected = "resumes below its capacity")]
+fn resume_at_the_capacity_panics() {
+    let _ = Queue::<u32>::with_resume_at(2, 2);
+}

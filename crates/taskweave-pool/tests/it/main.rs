@@ -6,6 +6,7 @@ mod batch;
 mod close;
 mod panics;
 mod results;
+mod resume_at;
 mod submit;
 mod submit_many;
 mod support;
