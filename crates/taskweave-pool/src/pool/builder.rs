@@ -127,7 +127,10 @@ impl<J> WorkerPoolBuilder<J> {
 
     /// Enables [`WorkerPool::results`](crate::WorkerPool::results), a stream of outcomes
     /// buffered up to `capacity` (plus what the stream has taken and not yet handed out: see
-    /// [`Results`](crate::Results)); when it is full, workers wait for the consumer.
+    /// [`Results`](crate::Results)); when it is full, workers wait for the consumer. So
+    /// read it on a task other than the one that submits: a submitter blocked on a full
+    /// queue while the stream is full waits for workers that wait for it (see
+    /// [`resume_at`](Self::resume_at), which makes that likelier).
     ///
     /// # Panics
     ///
@@ -183,7 +186,8 @@ impl<J> WorkerPoolBuilder<J> {
     /// once per few freed slots, and with `resume_at(capacity / 4)` about once per three
     /// quarters of the queue. Measured with 1 µs CPU jobs on two cores, a queue of 128, fed
     /// from `block_on`, with `resume_at(32)`: 1.24–1.34 × the time of two plain threads doing
-    /// the same work instead of 2.0–2.3 ×, and 1.10–1.45 × with
+    /// the same work in three alternating runs, 1.25–1.69 × in a noisier summary run, instead
+    /// of 2.0–2.3 × without it; and 1.10–1.45 × with
     /// [`take_per_worker(32)`](Self::take_per_worker) too (`docs/benchmarks.md`, pool
     /// section). Submitters on the runtime's own tasks gain nothing (waking them is cheap):
     /// it measured slower there, 1.21–1.50 × against 1.10–1.16 ×.
@@ -197,11 +201,19 @@ impl<J> WorkerPoolBuilder<J> {
     /// - while the queue drains, [`try_submit`](crate::WorkerPool::try_submit) and
     ///   [`Overflow::Reject`] refuse with `Full` ([`TrySubmitError::Full`](crate::TrySubmitError::Full),
     ///   [`SubmitError::Full`](crate::SubmitError::Full)) although [`WorkerPool::len`](crate::WorkerPool::len) is below the capacity: the
-    ///   queue stays full, to new and waiting submitters alike, until it has drained, so a
-    ///   waiting submitter is never overtaken by newcomers that keep it above `queued`;
+    ///   queue stays full, to new and waiting submitters alike, until it has drained, so
+    ///   newcomers cannot keep a waiting submitter out by keeping the queue above `queued`
+    ///   (once the waiting submitters are woken, nothing reserves the room for them, as
+    ///   without `resume_at`);
     /// - too low a `queued` with short jobs lets the workers run dry while the submitter
     ///   wakes up. A quarter of the capacity, or the workers' count times
-    ///   `take_per_worker`, whichever is larger, is a good start.
+    ///   `take_per_worker` if that is larger (and below the capacity), is a good start;
+    /// - **a task that submits and also reads the [`results`](Self::results) stream between
+    ///   its submits can wait for ever**: blocked in `submit`, it does not read, so the
+    ///   workers stop once the stream is full, while the queue still holds more than
+    ///   `queued`. Without `resume_at` one job taken wakes it, although on the multi-thread
+    ///   runtime the stream can fill up before it blocks there too. Read the results on
+    ///   another task.
     ///
     /// With [`Overflow::DropOldest`] nothing waits and nothing is refused, so this has no
     /// effect.

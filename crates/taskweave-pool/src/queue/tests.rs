@@ -534,9 +534,14 @@ fn a_full_queue_with_resume_at_takes_nothing_until_it_has_drained_to_it() {
     // Room for one more: the batch fills the queue, and it holds once more.
     assert_eq!(queue.try_send_many(&mut batch), Ok(1));
     assert!(matches!(queue.try_send(5), Err(TrySendError::Full(5))));
+    assert_eq!(queue.try_recv(), Ok(3));
+    assert!(
+        matches!(queue.try_send(5), Err(TrySendError::Full(5))),
+        "three queued after a refill: held again"
+    );
     assert_eq!(
         std::iter::from_fn(|| queue.try_recv().ok()).collect::<Vec<_>>(),
-        [3, 9, 10, 7]
+        [9, 10, 7]
     );
     assert!(queue.try_send(5).is_ok(), "drained: room again");
     assert_no_waiters(&queue);

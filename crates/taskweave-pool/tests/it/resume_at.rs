@@ -99,6 +99,8 @@ async fn the_reject_policy_refuses_until_the_queue_has_drained_to_resume_at() {
     assert_books_balance(&m, "after close");
 }
 
+/// The documented promise under drop-oldest: a free slot takes the job (nothing is
+/// refused or dropped while the queue drains), a full queue drops its oldest.
 #[tokio::test(start_paused = true)]
 async fn drop_oldest_ignores_resume_at() {
     let gate = Gate::closed();
@@ -121,4 +123,70 @@ async fn drop_oldest_ignores_resume_at() {
 #[should_panic(expected = "resume_at(4) must be below the queue capacity (4)")]
 fn resume_at_the_capacity_panics() {
     let _ = WorkerPool::builder::<u32>(1, 4).resume_at(4);
+}
+
+/// A pool of one worker, a queue of eight and a results stream of two.
+fn pool_with_results(resume_at: usize) -> WorkerPool<u32, u32, String> {
+    WorkerPool::builder(1, 8)
+        .resume_at(resume_at)
+        .results(2)
+        .spawn(CancellationToken::new(), |_context, job: u32| async move {
+            tokio::task::yield_now().await;
+            Ok::<_, String>(job)
+        })
+}
+
+/// One task submits 40 jobs and reads whatever results are ready between its submits;
+/// `None` if it is still stuck after a minute.
+async fn submit_and_read_on_one_task(resume_at: usize) -> Option<usize> {
+    let pool = pool_with_results(resume_at);
+    let mut stream = pool.results().unwrap();
+    let token = CancellationToken::new();
+    let mut read = 0;
+    let work = async {
+        for job in 0..40 {
+            pool.submit(&token, job).await.unwrap();
+            while let Some(Some(_)) =
+                futures::FutureExt::now_or_never(futures::StreamExt::next(&mut stream))
+            {
+                read += 1;
+            }
+        }
+    };
+    let finished = tokio::time::timeout(Duration::from_secs(60), work)
+        .await
+        .is_ok();
+    finished.then_some(read)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_task_that_submits_and_reads_the_results_can_wait_for_ever_with_resume_at() {
+    // What `resume_at`'s docs warn about. Without it, one job taken wakes the submitter,
+    // which then reads; with it, the worker stops on the full stream long before the
+    // queue has drained to four.
+    assert!(submit_and_read_on_one_task(7).await.is_some());
+    assert_eq!(submit_and_read_on_one_task(4).await, None);
+}
+
+#[tokio::test(start_paused = true)]
+async fn results_read_on_another_task_flow_with_any_resume_at() {
+    for resume_at in [0, 4, 7] {
+        let pool = pool_with_results(resume_at);
+        let reader = tokio::spawn(futures::StreamExt::collect::<Vec<_>>(
+            pool.results().unwrap(),
+        ));
+        let token = CancellationToken::new();
+        for job in 0..40 {
+            pool.submit(&token, job).await.unwrap();
+        }
+        let report = pool.close().await;
+        assert_eq!(report.metrics.completed, 40, "resume_at({resume_at})");
+        let jobs: Vec<u32> = reader
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|(_, outcome)| outcome.unwrap())
+            .collect();
+        assert_eq!(jobs, (0..40).collect::<Vec<_>>(), "resume_at({resume_at})");
+    }
 }
