@@ -1,5 +1,6 @@
 //! Worker pools: a batch with cancellation, a long-lived pool that answers "429" when full,
-//! and a close that drains (then one with a deadline that hands jobs back).
+//! and a close that drains (then one with a deadline that hands jobs back, and one fed from
+//! a plain thread).
 
 #[path = "support.rs"]
 mod support;
@@ -78,5 +79,39 @@ async fn main() {
     println!(
         "close_within: {} completed, {} interrupted, handed back {handed_back:?}",
         report.metrics.completed, report.interrupted
+    );
+
+    // 5. Fed from a plain thread (a blocking reader, say) through `Handle::block_on`:
+    //    `resume_at` lets the full queue drain to a quarter before that thread is woken
+    //    again, so it takes a core from the workers less often (docs/benchmarks.md, pool).
+    let pool = WorkerPool::builder(2, 64)
+        .name("checksums")
+        .resume_at(16)
+        .spawn(
+            CancellationToken::new(),
+            |_context, line: String| async move {
+                Ok::<_, String>(line.bytes().map(u64::from).sum::<u64>())
+            },
+        );
+    let runtime = tokio::runtime::Handle::current();
+    let feeder = {
+        let pool = pool.clone();
+        std::thread::spawn(move || {
+            let token = CancellationToken::new();
+            for n in 0..1_000 {
+                runtime
+                    .block_on(pool.submit(&token, format!("line {n}")))
+                    .expect("the pool is open");
+            }
+        })
+    };
+    tokio::task::spawn_blocking(move || feeder.join())
+        .await
+        .expect("the joining task ran")
+        .expect("the feeder did not panic");
+    let report = pool.close().await;
+    println!(
+        "fed from a thread: {} jobs completed",
+        report.metrics.completed
     );
 }
