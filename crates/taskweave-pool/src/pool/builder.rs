@@ -199,8 +199,10 @@ impl<J> WorkerPoolBuilder<J> {
     ///   with one submitter, the same jobs are ahead of it either way), unless the workers
     ///   empty the queue before the submitter is back;
     /// - while the queue drains, [`try_submit`](crate::WorkerPool::try_submit) and
-    ///   [`Overflow::Reject`] refuse with `Full` ([`TrySubmitError::Full`](crate::TrySubmitError::Full),
-    ///   [`SubmitError::Full`](crate::SubmitError::Full)) although [`WorkerPool::len`](crate::WorkerPool::len) is below the capacity: the
+    ///   [`Overflow::Reject`] refuse with `Full`
+    ///   ([`TrySubmitError::Full`](crate::TrySubmitError::Full),
+    ///   [`SubmitError::Full`](crate::SubmitError::Full)) although
+    ///   [`WorkerPool::len`](crate::WorkerPool::len) is below the capacity: the
     ///   queue stays full, to new and waiting submitters alike, until it has drained, so
     ///   newcomers cannot keep a waiting submitter out by keeping the queue above `queued`
     ///   (once the waiting submitters are woken, nothing reserves the room for them, as
