@@ -1,7 +1,6 @@
 //! `PipelineExt`: stages as methods on any stream.
 
 use std::future::{Future, ready};
-use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
@@ -9,7 +8,7 @@ use futures::Stream;
 use futures::future::Either;
 use pin_project_lite::pin_project;
 use taskweave_supervise::TaskName;
-use taskweave_supervise::internal::drop_caught;
+use taskweave_supervise::internal::call_with;
 
 use crate::run::spawn_stage;
 use crate::{First, Pipeline, Stage};
@@ -98,16 +97,10 @@ pub trait PipelineExt: Stream + Sized {
         F: FnMut(&Self::Item) -> bool + Send + 'static,
     {
         spawn_stage(pipeline, "pipeline-filter", self, move |item| {
-            // The item is ours while the predicate runs: dropped during that predicate's
-            // unwind, a `Drop` that panics too would abort the process. It is dropped in a
-            // catch of its own, then the predicate's panic goes on (the stage's panic).
-            match std::panic::catch_unwind(AssertUnwindSafe(|| keep(&item))) {
-                Ok(kept) => ready(kept.then_some(item)),
-                Err(payload) => {
-                    drop_caught(&TaskName::from("pipeline-filter"), item);
-                    std::panic::resume_unwind(payload)
-                }
-            }
+            // A predicate that panics: the item is dropped in a catch, then the panic goes
+            // on (the stage's panic).
+            let (item, kept) = call_with(&TaskName::from("pipeline-filter"), item, &mut keep);
+            ready(kept.then_some(item))
         })
     }
 

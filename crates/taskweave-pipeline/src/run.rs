@@ -274,77 +274,74 @@ where
             // A call in flight here waited in an earlier poll. A cancel seen before it is
             // polled again wins over the call, even one that became ready in the same
             // instant: its future is dropped and its output never made.
-            let mut resumed = call.is_some();
-            let polled = 'turn: loop {
-                if resumed {
-                    resumed = false;
+            let polled = if call.is_some() && watch.is_cancelled() {
+                Poll::Ready(Turn::Cancelled)
+            } else {
+                'turn: loop {
+                    if let Some(running) = call.as_mut().as_pin_mut() {
+                        match running.poll(cx) {
+                            Poll::Ready(output) => {
+                                let finished = output.is_some();
+                                // Kept before the future is dropped: a `Drop` of it that panics
+                                // (user code) does not take the finished item with it.
+                                if let Some(output) = output {
+                                    done.push_back(output);
+                                }
+                                call.set(None);
+                                // A reader waiting for items gets this one now, not at the end
+                                // of the turn.
+                                if finished && tx.receiver_parked() {
+                                    let _ = tx.push(done);
+                                }
+                            }
+                            Poll::Pending => {
+                                // The call waits: hand on what is done first, so that it does not
+                                // wait behind a slow item. A consumer gone is seen at the next
+                                // push.
+                                let _ = tx.push(done);
+                                unit_left = 0;
+                                watch.register(cx.waker());
+                                if watch.is_cancelled() {
+                                    break 'turn Poll::Ready(Turn::Cancelled);
+                                }
+                                break 'turn Poll::Pending;
+                            }
+                        }
+                    }
                     if watch.is_cancelled() {
                         break 'turn Poll::Ready(Turn::Cancelled);
                     }
-                }
-                if let Some(running) = call.as_mut().as_pin_mut() {
-                    match running.poll(cx) {
-                        Poll::Ready(output) => {
-                            let finished = output.is_some();
-                            // Kept before the future is dropped: a `Drop` of it that panics
-                            // (user code) does not take the finished item with it.
-                            if let Some(output) = output {
-                                done.push_back(output);
-                            }
-                            call.set(None);
-                            // A reader waiting for items gets this one now, not at the end
-                            // of the turn.
-                            if finished && tx.receiver_parked() {
-                                let _ = tx.push(done);
-                            }
-                        }
-                        Poll::Pending => {
-                            // The call waits: hand on what is done first, so that it does not
-                            // wait behind a slow item. A consumer gone is seen at the next
-                            // push.
-                            let _ = tx.push(done);
-                            unit_left = 0;
-                            watch.register(cx.waker());
-                            if watch.is_cancelled() {
-                                break 'turn Poll::Ready(Turn::Cancelled);
-                            }
-                            break 'turn Poll::Pending;
-                        }
+                    if left == 0 {
+                        break 'turn Poll::Ready(Turn::Over);
                     }
-                }
-                if watch.is_cancelled() {
-                    break 'turn Poll::Ready(Turn::Cancelled);
-                }
-                if left == 0 {
-                    break 'turn Poll::Ready(Turn::Over);
-                }
-                // One unit of tokio's cooperative budget per `ITEMS_PER_UNIT` items (the
-                // channel takes none): a stage whose input is always ready and whose output
-                // always has room (a filter that keeps few items, a consumer on another
-                // thread) still lets the other tasks of its thread run. Out of budget, it
-                // hands on what is done and yields; the turn goes on at the next poll.
-                if unit_left == 0 {
-                    let Poll::Ready(budget) = tokio::task::coop::poll_proceed(cx) else {
-                        let _ = tx.push(done);
-                        break 'turn Poll::Pending;
+                    // One unit of tokio's cooperative budget per `ITEMS_PER_UNIT` items (the
+                    // channel takes none): a stage whose input is always ready and whose output
+                    // always has room (a filter that keeps few items, a consumer on another
+                    // thread) still lets the other tasks of its thread run. Out of budget, it
+                    // hands on what is done and yields; the turn goes on at the next poll.
+                    if unit_left == 0 {
+                        let Poll::Ready(budget) = tokio::task::coop::poll_proceed(cx) else {
+                            let _ = tx.push(done);
+                            break 'turn Poll::Pending;
+                        };
+                        budget.made_progress();
+                        unit_left = ITEMS_PER_UNIT;
+                    }
+                    // The turn's first item, or the next one that is ready now (never waited
+                    // for). An input hands over one item a call, so the items it gave before a
+                    // panic in it are already done.
+                    let item = match next.take() {
+                        Some(item) => item,
+                        None => match input.as_mut().poll_item(cx, left) {
+                            Poll::Ready(Some(item)) => item,
+                            Poll::Ready(None) => break 'turn Poll::Ready(Turn::InputEnded),
+                            Poll::Pending => break 'turn Poll::Ready(Turn::Over),
+                        },
                     };
-                    budget.made_progress();
-                    unit_left = ITEMS_PER_UNIT;
+                    unit_left -= 1;
+                    left -= 1;
+                    call.set(Some(step(item)));
                 }
-                // The turn's first item, or the next one that is ready now (never waited
-                // for). An input hands over one item a call, so the items it gave before a
-                // panic in it are already done.
-                let item = match next.take() {
-                    Some(item) => item,
-                    None => match input.as_mut().poll_item(cx, left) {
-                        Poll::Ready(Some(item)) => item,
-                        Poll::Ready(None) => break 'turn Poll::Ready(Turn::InputEnded),
-                        Poll::Pending => break 'turn Poll::Ready(Turn::Over),
-                    },
-                };
-                unit_left -= 1;
-                left -= 1;
-                call.set(Some(step(item)));
             };
             // At the end of every poll of the turn, whatever the task does next: a sender
             // upstream that a large reservation found waiting is woken now

@@ -273,8 +273,12 @@ fn with_site_set_aside<R>(f: impl FnOnce() -> R) -> R {
 
 /// Drops `stage`'s future inside a catch; a panic of its destructor is logged as `what`.
 fn drop_in_catch<F>(name: &TaskName, mut stage: Pin<&mut Stage<F>>, what: &'static str) {
-    let dropped = std::panic::catch_unwind(AssertUnwindSafe(|| stage.set(Stage::Done)));
-    if let Err(payload) = dropped {
+    run_drop_caught(name, what, || stage.set(Stage::Done));
+}
+
+/// Runs `drop_it` inside a catch; a panic of it is logged as `what`, under `name`.
+fn run_drop_caught(name: &TaskName, what: &'static str, drop_it: impl FnOnce()) {
+    if let Err(payload) = std::panic::catch_unwind(AssertUnwindSafe(drop_it)) {
         let error = panic_error(name.clone(), payload.as_ref());
         drop_payload(payload);
         log_panic(&error, what);
@@ -466,11 +470,7 @@ pub(crate) fn drop_payload(payload: Box<dyn std::any::Any + Send>) {
 /// aside meanwhile, so that the value's panic never replaces it.
 pub(crate) fn drop_caught<T>(name: &TaskName, value: T) {
     with_site_set_aside(|| {
-        if let Err(payload) = std::panic::catch_unwind(AssertUnwindSafe(move || drop(value))) {
-            let error = panic_error(name.clone(), payload.as_ref());
-            drop_payload(payload);
-            log_panic(&error, "a value's Drop panicked: caught");
-        }
+        run_drop_caught(name, "a value's Drop panicked: caught", move || drop(value));
     });
 }
 

@@ -2,7 +2,6 @@
 
 use std::collections::VecDeque;
 use std::future::poll_fn;
-use std::panic::AssertUnwindSafe;
 use std::pin::{Pin, pin};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -10,7 +9,7 @@ use std::task::Poll;
 
 use futures::{Stream, StreamExt};
 use taskweave_supervise::internal::chan::{self, Gone};
-use taskweave_supervise::internal::drop_caught;
+use taskweave_supervise::internal::{call_with, drop_caught};
 use taskweave_supervise::{PanicError, TaskName, TokenWatch, catch_panic};
 use tokio_util::sync::CancellationToken;
 
@@ -236,9 +235,7 @@ where
         }
         // Dropping the senders (and the evicting receivers) closes every output; what is
         // left for a drop-oldest output that is gone is dropped first, in a catch.
-        for slot in &slots {
-            slot.close_if_abandoned();
-        }
+        prune(&mut slots);
         drop(slots);
     }));
     outputs
@@ -502,14 +499,11 @@ where
 /// process.
 fn copy_out<T: Clone>(slots: &mut [Slot<T>], value: T) {
     let (last, others) = slots.split_last_mut().expect("live outputs");
+    let mut value = value;
     for slot in others {
-        match std::panic::catch_unwind(AssertUnwindSafe(|| value.clone())) {
-            Ok(copy) => slot.scratch.push_back(copy),
-            Err(payload) => {
-                drop_caught(&TaskName::from("tee"), value);
-                std::panic::resume_unwind(payload);
-            }
-        }
+        let (original, copy) = call_with(&TaskName::from("tee"), value, T::clone);
+        slot.scratch.push_back(copy);
+        value = original;
     }
     last.scratch.push_back(value);
 }

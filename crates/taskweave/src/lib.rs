@@ -25,23 +25,20 @@
 //! | `outbox` | `taskweave-outbox` | transactional outbox: PostgreSQL to Kafka, per-key order; the consuming end with a transactional inbox (feature `outbox`, off by default) |
 //!
 // The example needs `supervise` (a default feature): without it, it is left out.
-#![cfg_attr(feature = "supervise", doc = "# Example")]
-#![cfg_attr(feature = "supervise", doc = "")]
-#![cfg_attr(feature = "supervise", doc = "```")]
-#![cfg_attr(feature = "supervise", doc = "use taskweave::supervise::spawn;")]
-#![cfg_attr(feature = "supervise", doc = "")]
 #![cfg_attr(
     feature = "supervise",
-    doc = "# #[tokio::main(flavor = \"current_thread\")]"
+    doc = r#"# Example
+
+```
+use taskweave::supervise::spawn;
+
+# #[tokio::main(flavor = "current_thread")]
+# async fn main() {
+let error = spawn("worker", async { panic!("boom") }).await.unwrap_err();
+assert!(error.is_panic());
+# }
+```"#
 )]
-#![cfg_attr(feature = "supervise", doc = "# async fn main() {")]
-#![cfg_attr(
-    feature = "supervise",
-    doc = "let error = spawn(\"worker\", async { panic!(\"boom\") }).await.unwrap_err();"
-)]
-#![cfg_attr(feature = "supervise", doc = "assert!(error.is_panic());")]
-#![cfg_attr(feature = "supervise", doc = "# }")]
-#![cfg_attr(feature = "supervise", doc = "```")]
 // docs.rs builds with `--cfg docsrs` on nightly: mark each feature-gated item.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 

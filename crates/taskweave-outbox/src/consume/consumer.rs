@@ -101,8 +101,8 @@ pub struct Consumer {
     dead_letter: Option<DeadLetter>,
 }
 
-/// The longest startup timeout librdkafka takes: `i32::MAX` milliseconds.
-const MAX_STARTUP_TIMEOUT: Duration = Duration::from_millis(i32::MAX as u64);
+/// The longest startup timeout librdkafka takes.
+const MAX_STARTUP_TIMEOUT: Duration = crate::publish::LIBRDKAFKA_MAX_TIMEOUT;
 
 impl Consumer {
     /// A consumer in group `group` of `topics`, with [`config`](Self::config).

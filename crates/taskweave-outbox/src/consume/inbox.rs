@@ -184,10 +184,7 @@ impl Inbox {
                     PRIMARY KEY (consumer, topic, key))"
             ),
         ];
-        // Not `Pool::begin`: dropped while `BEGIN` is in flight, its future returns the
-        // connection to the pool inside a transaction (sqlx issue 4393; see `Guarded`).
-        let mut conn = Guarded::new(pool.acquire().await?);
-        sqlx::raw_sql("BEGIN").execute(conn.open()).await?;
+        let mut conn = Guarded::begin(pool).await?;
         // Two services migrating at once must not race on CREATE ... IF NOT EXISTS.
         sqlx::query("SELECT pg_advisory_xact_lock(hashtext($1))")
             .bind(&table)
@@ -310,11 +307,9 @@ impl Inbox {
                 "no event_id header: the inbox cannot tell this message from a redelivery",
             ));
         };
-        // Not `Pool::begin` (sqlx issue 4393, see `Guarded`): a handler future dropped
-        // anywhere in here (a deadline, an abort) never returns its connection to the pool
-        // inside a transaction.
-        let mut conn = Guarded::new(self.pool.acquire().await?);
-        sqlx::raw_sql("BEGIN").execute(conn.open()).await?;
+        // A handler future dropped anywhere in here (a deadline, an abort) never returns its
+        // connection to the pool inside a transaction (`Guarded`).
+        let mut conn = Guarded::begin(&self.pool).await?;
         let recorded = sqlx::query(sql(&self.sql.record))
             .bind(&self.consumer)
             .bind(event_id)

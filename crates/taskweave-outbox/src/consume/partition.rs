@@ -395,7 +395,6 @@ async fn dead_letter_it<H: Handler>(
     }
 }
 
-/// Sleeps `delay` unless the partition stops first (`false`).
 /// The wait before the next attempt of the message at `offset` after `failed` failed
 /// attempts: the policy's backoff, or its cap (with its jitter) once the message has failed
 /// for good and stays because no dead-letter topic is set.
@@ -403,6 +402,7 @@ fn retry_delay(policy: &RetryPolicy, offset: i64, failed: u32, for_good: bool) -
     policy.delay(offset, if for_good { u32::MAX } else { failed })
 }
 
+/// Sleeps `delay` unless the partition stops first (`false`).
 async fn pause(partition: &Partition, delay: Duration) -> bool {
     tokio::select! {
         biased;

@@ -61,42 +61,36 @@ impl PollLoop {
                 );
                 last_commit = std::time::Instant::now();
             }
-            match self.consumer.poll(POLL_TIMEOUT) {
+            let failed = match self.consumer.poll(POLL_TIMEOUT) {
                 Some(Ok(message)) => {
                     self.route(&message);
-                    // What else is ready already, without waiting: handed over together.
-                    // librdkafka raises a fatal error once: one met here stops the loop too.
-                    let mut fatal = None;
+                    // What else is ready already, without waiting: handed over together. An
+                    // error met here ends the burst and is handled below like one polled
+                    // alone (librdkafka raises a fatal error once).
+                    let mut failed = None;
                     for _ in 1..BURST {
                         match self.consumer.poll(Duration::ZERO) {
                             Some(Ok(message)) => self.route(&message),
                             Some(Err(e)) => {
-                                if e.rdkafka_error_code() == Some(RDKafkaErrorCode::Fatal) {
-                                    fatal = Some(e);
-                                } else {
-                                    tracing::warn!(consumer = %self.name, error = %e, "consumer error");
-                                }
+                                failed = Some(e);
                                 break;
                             }
                             None => break,
                         }
                     }
                     self.flush();
-                    if let Some(e) = fatal {
-                        tracing::error!(consumer = %self.name, error = %e, "fatal consumer error: stopping");
-                        error = Some(e.to_string());
-                        break;
-                    }
+                    failed
                 }
-                Some(Err(e)) => {
-                    if e.rdkafka_error_code() == Some(RDKafkaErrorCode::Fatal) {
-                        tracing::error!(consumer = %self.name, error = %e, "fatal consumer error: stopping");
-                        error = Some(e.to_string());
-                        break;
-                    }
-                    tracing::warn!(consumer = %self.name, error = %e, "consumer error");
+                Some(Err(e)) => Some(e),
+                None => None,
+            };
+            if let Some(e) = failed {
+                if e.rdkafka_error_code() == Some(RDKafkaErrorCode::Fatal) {
+                    tracing::error!(consumer = %self.name, error = %e, "fatal consumer error: stopping");
+                    error = Some(e.to_string());
+                    break;
                 }
-                None => {}
+                tracing::warn!(consumer = %self.name, error = %e, "consumer error");
             }
         }
         self.finish(error)

@@ -19,9 +19,9 @@ use crate::publish::Publisher;
 /// How long `send` waits between tries while librdkafka's local queue is full.
 const QUEUE_FULL_BACKOFF: Duration = Duration::from_millis(2);
 
-/// The longest flush: `i32::MAX` milliseconds (about 24.8 days), what librdkafka takes
-/// (rdkafka converts a longer one with a wrapping `as`).
-const FLUSH_MAX: Duration = Duration::from_millis(i32::MAX as u64);
+/// The longest timeout librdkafka takes (a flush, a consumer's startup): `i32::MAX`
+/// milliseconds, about 24.8 days (rdkafka converts a longer one with a wrapping `as`).
+pub(crate) const LIBRDKAFKA_MAX_TIMEOUT: Duration = Duration::from_millis(i32::MAX as u64);
 
 /// Publishes outbox records to Kafka with an idempotent producer.
 ///
@@ -244,7 +244,7 @@ impl Publisher for KafkaPublisher {
         };
         // librdkafka's flush blocks its thread.
         tokio::task::spawn_blocking(move || {
-            let deadline = std::time::Instant::now() + timeout.min(FLUSH_MAX);
+            let deadline = std::time::Instant::now() + timeout.min(LIBRDKAFKA_MAX_TIMEOUT);
             if let Some(previous) = previous {
                 previous.flush(deadline.saturating_duration_since(std::time::Instant::now()))?;
             }

@@ -12,6 +12,8 @@ mod kafka;
 mod memory;
 
 #[cfg(feature = "kafka")]
+pub(crate) use kafka::LIBRDKAFKA_MAX_TIMEOUT;
+#[cfg(feature = "kafka")]
 #[cfg_attr(docsrs, doc(cfg(feature = "kafka")))]
 pub use kafka::{KafkaDelivery, KafkaPublisher};
 pub use memory::{MemoryPublisher, Published};

@@ -82,24 +82,16 @@ impl<S: Store, P: Publisher> Relay<S, P> {
             );
             let token = wake_ups_token.clone();
             taskweave_supervise::spawn(format!("{}: stats", self.name), async move {
-                loop {
-                    // Raced against the stop, so that a slow count never holds the relay's
-                    // end (it waits for this task).
-                    if token
-                        .run_until_cancelled(read_stats(&*store, &counters, &name))
-                        .await
-                        .is_none()
-                    {
-                        return;
-                    }
-                    if token
-                        .run_until_cancelled(tokio::time::sleep(every))
-                        .await
-                        .is_none()
-                    {
-                        return;
-                    }
-                }
+                // Raced against the stop, so that a slow count never holds the relay's end
+                // (it waits for this task).
+                token
+                    .run_until_cancelled(async {
+                        loop {
+                            read_stats(&*store, &counters, &name).await;
+                            tokio::time::sleep(every).await;
+                        }
+                    })
+                    .await;
             })
         });
         let mut report = RelayReport::new(self.name.clone());

@@ -78,12 +78,10 @@ impl Shutdown {
                     // Decided under the lock the step's `critical_section` takes: a section
                     // it opens from now on is refused, so none is cut in half by the abort.
                     state.cut_off_steps.push(step);
+                    return None; // nothing of its own open at its cut-off
                 }
                 own_open
             };
-            if !own_open && !waited {
-                return None; // nothing of its own open at its cut-off
-            }
             waited = true;
             if !own_open {
                 // A section that just closed was likely the step's last piece of work: it

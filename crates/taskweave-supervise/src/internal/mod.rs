@@ -17,6 +17,19 @@ pub fn drop_caught<T>(name: &crate::TaskName, value: T) {
     crate::catch::drop_caught(name, value);
 }
 
+/// Calls user code `f` with a user value we own. If `f` panics, `value` is dropped first
+/// in a catch of its own ([`drop_caught`]: dropped during that unwind, a `Drop` that panics
+/// too would abort the process), then the panic goes on.
+pub fn call_with<T, R>(name: &crate::TaskName, value: T, f: impl FnOnce(&T) -> R) -> (T, R) {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(&value))) {
+        Ok(result) => (value, result),
+        Err(payload) => {
+            drop_caught(name, value);
+            std::panic::resume_unwind(payload)
+        }
+    }
+}
+
 /// The buffer of a stage or an output when the caller names none (the pipeline's stages, the
 /// tee's outputs).
 pub const DEFAULT_CAPACITY: usize = 32;

@@ -234,13 +234,7 @@ async fn a_panic_whose_future_panics_again_when_dropped_keeps_its_own_location()
     let logs = LogCapture::global();
     let panic = catch_panic("twice", PanicsTwice).await.unwrap_err();
     assert_eq!(panic.message(), "first");
-    assert!(
-        panic
-            .location()
-            .is_some_and(|at| at.contains("tests/it/catch.rs")),
-        "the first panic's own site: {:?}",
-        panic.location()
-    );
+    assert_site_in_this_file(&panic, "the first panic's own site");
     let logged = logs.lines_with("twice");
     assert!(
         logged.contains("dropping the panicked task's future panicked too")
@@ -261,17 +255,23 @@ async fn a_panic_unwinding_past_an_unfinished_inner_catch_keeps_its_location() {
     .await
     .unwrap_err();
     assert_eq!(panic.message(), "outer");
-    assert!(
-        panic
-            .location()
-            .is_some_and(|at| at.contains("tests/it/catch.rs")),
-        "the outer panic's own site: {:?}",
-        panic.location()
-    );
+    assert_site_in_this_file(&panic, "the outer panic's own site");
     assert!(
         logs.lines_with("inner-pending").is_empty(),
         "nothing is reported under the inner task's name: {}",
         logs.lines_with("inner-pending")
+    );
+}
+
+/// The panic was recorded at its own site, in this file.
+#[track_caller]
+fn assert_site_in_this_file(panic: &taskweave_supervise::PanicError, which: &str) {
+    assert!(
+        panic
+            .location()
+            .is_some_and(|at| at.contains("tests/it/catch.rs")),
+        "{which}: {:?}",
+        panic.location()
     );
 }
 
@@ -296,13 +296,7 @@ async fn a_panic_a_destructor_catches_during_an_unwind_is_logged_and_leaves_the_
     .await
     .unwrap_err();
     assert_eq!(panic.message(), "the task's own");
-    assert!(
-        panic
-            .location()
-            .is_some_and(|at| at.contains("tests/it/catch.rs")),
-        "the task's panic keeps its site: {:?}",
-        panic.location()
-    );
+    assert_site_in_this_file(&panic, "the task's panic keeps its site");
     let logged = logs.lines_with("caught by a destructor mid-unwind");
     assert!(
         logged.contains("a panic while another unwound"),

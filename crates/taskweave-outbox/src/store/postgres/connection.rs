@@ -56,6 +56,14 @@ impl Guarded {
         }
     }
 
+    /// A connection from `pool` with a transaction opened by a plain `BEGIN`: what
+    /// `Pool::begin` does, without its flaw (sqlx issue 4393, above).
+    pub(crate) async fn begin(pool: &sqlx::PgPool) -> Result<Self, sqlx::Error> {
+        let mut conn = Self::new(pool.acquire().await?);
+        sqlx::raw_sql("BEGIN").execute(conn.open()).await?;
+        Ok(conn)
+    }
+
     /// The connection, marked as possibly inside a transaction from now on (call it for the
     /// statement that opens one).
     pub(crate) fn open(&mut self) -> &mut PgConnection {

@@ -53,10 +53,9 @@ pub async fn migrate_up_to(
         (1..=65_536).contains(&buckets),
         "migrate: the bucket count must be between 1 and 65536"
     );
-    let mut conn = Guarded::new(pool.acquire().await?);
     let meta = schema.meta_table();
     let lock = key_lock_id(&meta, b"migrate");
-    sqlx::raw_sql("BEGIN").execute(conn.open()).await?;
+    let mut conn = Guarded::begin(pool).await?;
     sqlx::query("SELECT pg_advisory_xact_lock($1)")
         .bind(lock)
         .execute(conn.get())
